@@ -1,0 +1,92 @@
+"""Validation and dtype policy, owned in one place.
+
+Every public function calls these once, before it dispatches to a kernel, so kernels may
+assume: floating arrays of one dtype (float32 or float64; float16 is computed in float32),
+equal leading dimensions, matching N, D and M, and a known method, backend and feature map.
+"""
+import sys
+
+import numpy as np
+
+METHODS = ("auto", "quadratic", "linear", "chunked", "recurrent")
+BACKENDS = ("auto", "numpy", "numba", "cupy")
+
+
+def array_module(x):
+    """numpy, or cupy when ``x`` is a CuPy array (cupy is never imported here)."""
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(x, cupy.ndarray):
+        return cupy
+    return np
+
+
+def as_float_array(name, x):
+    """``x`` as a float array, or a TypeError naming ``name`` and its dtype."""
+    xp = array_module(x)
+    x = xp.asarray(x)
+    if x.dtype.kind != "f":
+        raise TypeError(
+            f"{name} must be a float16, float32 or float64 array, got dtype {x.dtype}"
+        )
+    return x
+
+
+def compute_dtype(*arrays):
+    """The dtype the kernels run in: the common float type, with float16 raised to float32."""
+    dtype = np.result_type(*(a.dtype for a in arrays))
+    return np.dtype(np.float32) if dtype.itemsize < 4 else dtype
+
+
+def check_choice(kind, name, valid):
+    """Return ``name`` if it is one of ``valid``, else a ValueError listing them."""
+    if not isinstance(name, str) or name not in valid:
+        raise ValueError(f"unknown {kind} {name!r}; valid names are {', '.join(valid)}")
+    return name
+
+
+def check_qkv(q, k, v, dout=None):
+    """Validate attention inputs of shape q, k (..., N, D), v and dout (..., N, M).
+
+    Returns
+    -------
+    arrays : tuple of ndarray
+        q, k, v (and dout if given), cast to the compute dtype.
+    out_dtype : numpy.dtype
+        The dtype results are returned in (the inputs' common dtype).
+    """
+    names = ("q", "k", "v", "dout")[: 3 if dout is None else 4]
+    raw = (q, k, v) if dout is None else (q, k, v, dout)
+    arrays = [as_float_array(n, a) for n, a in zip(names, raw)]
+    modules = {array_module(a).__name__ for a in arrays}
+    if len(modules) > 1:
+        raise TypeError(f"q, k, v must all be NumPy or all CuPy arrays, got {sorted(modules)}")
+    shapes = ", ".join(f"{n}{a.shape}" for n, a in zip(names, arrays))
+    if any(a.ndim < 2 for a in arrays):
+        raise ValueError(f"q, k, v need shape (..., N, D) or (..., N, M), got {shapes}")
+    q, k, v = arrays[:3]
+    if not (q.shape[:-1] == k.shape[:-1] and q.shape[:-2] == v.shape[:-2]
+            and q.shape[-2] == v.shape[-2]):
+        raise ValueError(f"leading dimensions and N must match: {shapes}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same width D: {shapes}")
+    if q.shape[-1] == 0:
+        raise ValueError(f"q and k need at least one feature (D >= 1): {shapes}")
+    if dout is not None and arrays[3].shape != v.shape:
+        raise ValueError(f"dout must have the output's shape (..., N, M): {shapes}")
+    out_dtype = np.result_type(*(a.dtype for a in arrays))
+    dtype = compute_dtype(*arrays)
+    return tuple(a.astype(dtype, copy=False) for a in arrays), out_dtype
+
+
+def check_step(q_t, k_t, v_t):
+    """Validate one step's inputs: q_t, k_t (..., D), v_t (..., M), equal leading dims."""
+    arrays = [as_float_array(n, a) for n, a in zip(("q_t", "k_t", "v_t"), (q_t, k_t, v_t))]
+    q_t, k_t, v_t = arrays
+    shapes = f"q_t{q_t.shape}, k_t{k_t.shape}, v_t{v_t.shape}"
+    if min(a.ndim for a in arrays) < 1:
+        raise ValueError(f"q_t, k_t need shape (..., D) and v_t (..., M), got {shapes}")
+    if q_t.shape != k_t.shape or q_t.shape[:-1] != v_t.shape[:-1]:
+        raise ValueError(f"q_t and k_t must have one shape (..., D), v_t (..., M): {shapes}")
+    out_dtype = np.result_type(*(a.dtype for a in arrays))
+    dtype = compute_dtype(*arrays)
+    return tuple(a.astype(dtype, copy=False) for a in arrays), out_dtype

@@ -1,0 +1,99 @@
+"""Chunked linear attention: a small masked quadratic inside each block of ``chunk_size``
+positions, the running state S of Eq. (10)-(12) between blocks, of Katharopoulos et al.
+(2020), arXiv:2006.16236. This is ``method="chunked"``, NumPy's fastest causal form: every
+step is a batched matrix product, and Python loops over nothing.
+
+For blocks b of C positions, with Q_b, K_b (C, F), V_b (C, M) and S_b = sum_{c < b} K_c^T V_c:
+    out_b = tril(Q_b K_b^T) V_b + Q_b S_b.
+Non-causal, every block reads the whole state: out_b = Q_b S_total.
+Memory O(N (C + F M / C)): the per-block states (N / C, F, M), never one per position.
+Oracle: ``quadratic``.
+"""
+from .._checks import array_module
+from .normaliser import normalised, normalised_backward
+
+DEFAULT_CHUNK_SIZE = 64
+
+
+def _blocks(x, c):
+    """(..., N, W) -> (..., B, C, W), zero-padded to B = ceil(N / C) blocks."""
+    xp = array_module(x)
+    n = x.shape[-2]
+    b = -(-n // c)
+    pad = [(0, 0)] * (x.ndim - 2) + [(0, b * c - n), (0, 0)]
+    return xp.pad(x, pad).reshape(*x.shape[:-2], b, c, x.shape[-1])
+
+
+def _unblocks(x, n):
+    """(..., B, C, W) -> (..., N, W), dropping the padding."""
+    return x.reshape(*x.shape[:-3], -1, x.shape[-1])[..., :n, :]
+
+
+def _exclusive_cumsum(x, reverse=False):
+    """sum over blocks c < b (or c > b if reverse) along axis -3, without subtracting."""
+    xp = array_module(x)
+    zero = xp.zeros_like(x[..., :1, :, :])
+    if reverse:
+        return xp.concatenate([xp.cumsum(x[..., :0:-1, :, :], axis=-3)[..., ::-1, :, :], zero],
+                              axis=-3)
+    return xp.concatenate([zero, xp.cumsum(x[..., :-1, :, :], axis=-3)], axis=-3)
+
+
+def _tril(a):
+    """Zero above the diagonal of the (C, C) blocks (where, not *: 0 * NaN is NaN)."""
+    xp = array_module(a)
+    c = a.shape[-1]
+    return xp.where(xp.tril(xp.ones((c, c), dtype=bool)), a, 0)
+
+
+def product(phi_q, phi_k, v, causal, chunk_size):
+    """out_i = phi_q_i^T sum_{j <= i} phi_k_j v_j^T (all j if not causal), block by block.
+
+    Shapes: phi_q, phi_k (..., N, F); v (..., N, M) -> out (..., N, M).
+    """
+    n = v.shape[-2]
+    q, k, vb = (_blocks(x, chunk_size) for x in (phi_q, phi_k, v))  # (..., B, C, F|M)
+    kv = k.swapaxes(-1, -2) @ vb                        # (..., B, F, M): each block's K_b^T V_b
+    if not causal:
+        return _unblocks(q @ kv.sum(axis=-3, keepdims=True), n)
+    s = _exclusive_cumsum(kv)                           # S_b, the state entering block b
+    intra = _tril(q @ k.swapaxes(-1, -2)) @ vb          # (..., B, C, M)
+    return _unblocks(intra + q @ s, n)
+
+
+def product_backward(dout, phi_q, phi_k, v, causal, chunk_size):
+    """Backward of ``product``: (dphi_q, dphi_k, dv), Eq. (13)-(15) block by block.
+
+    With G_b = sum_{c > b} Q_c^T dout_c (the gradient of the state leaving block b) and
+    A_b = tril(Q_b K_b^T), dA_b = tril(dout_b V_b^T):
+    dQ_b = dA_b K_b + dout_b S_b^T, dK_b = dA_b^T Q_b + V_b G_b^T, dV_b = A_b^T dout_b + K_b G_b.
+    """
+    n = v.shape[-2]
+    q, k, vb, do = (_blocks(x, chunk_size) for x in (phi_q, phi_k, v, dout))
+    kv = k.swapaxes(-1, -2) @ vb                        # (..., B, F, M)
+    qdo = q.swapaxes(-1, -2) @ do                       # (..., B, F, M)
+    if not causal:
+        s, g = kv.sum(axis=-3, keepdims=True), qdo.sum(axis=-3, keepdims=True)
+        dq, dk, dv = do @ s.swapaxes(-1, -2), vb @ g.swapaxes(-1, -2), k @ g
+    else:
+        s, g = _exclusive_cumsum(kv), _exclusive_cumsum(qdo, reverse=True)
+        a = _tril(q @ k.swapaxes(-1, -2))               # (..., B, C, C)
+        da = _tril(do @ vb.swapaxes(-1, -2))
+        dq = da @ k + do @ s.swapaxes(-1, -2)
+        dk = da.swapaxes(-1, -2) @ q + vb @ g.swapaxes(-1, -2)
+        dv = a.swapaxes(-1, -2) @ do + k @ g
+    return _unblocks(dq, n), _unblocks(dk, n), _unblocks(dv, n)
+
+
+def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=DEFAULT_CHUNK_SIZE):
+    """Normalised linear attention, Eq. (5) / (9), in blocks of ``chunk_size`` positions.
+
+    Shapes (..., N, F), (..., N, M) -> (..., N, M). Cost: O(N C (F + M) + N F M) time.
+    """
+    return normalised(product, phi_q, phi_k, v, eps, causal=causal, chunk_size=chunk_size)
+
+
+def attend_backward(dout, phi_q, phi_k, v, *, causal, eps, chunk_size=DEFAULT_CHUNK_SIZE):
+    """Backward of ``attend``: (dphi_q, dphi_k, dv)."""
+    return normalised_backward(product, product_backward, dout, phi_q, phi_k, v, eps,
+                               causal=causal, chunk_size=chunk_size)

@@ -1,0 +1,121 @@
+"""Linear attention as an RNN, section 3.4 of Katharopoulos et al. (2020), arXiv:2006.16236:
+the state (S, z) of Eq. (16)-(18) updated one position at a time and read out by Eq. (19)'s
+attention part. This is ``method="recurrent"``: a scan of ``step`` over the sequence.
+
+``linattn.linear_attention_step`` is ``step`` behind the feature map and input checks.
+Oracle: ``quadratic``.
+"""
+from typing import NamedTuple
+
+from .._checks import array_module
+
+
+class State(NamedTuple):
+    """The recurrent state of linear attention after positions 1..i, Eq. (16)-(18).
+
+    S : ndarray, shape (..., F, M)
+        Attention memory, sum_j phi(k_j) v_j^T.
+    z : ndarray, shape (..., F)
+        Normaliser memory, sum_j phi(k_j).
+    """
+
+    S: object
+    z: object
+
+
+def zero_state(lead, f, m, dtype, xp):
+    """The empty memory s_0 = 0, z_0 = 0 of Eq. (16), for leading shape ``lead``."""
+    return State(xp.zeros((*lead, f, m), dtype=dtype), xp.zeros((*lead, f), dtype=dtype))
+
+
+def update(state, phi_k, v):
+    """s_i = s_{i-1} + phi(k_i) v_i^T, z_i = z_{i-1} + phi(k_i): Eq. (17)-(18).
+    phi_k (..., F), v (..., M)."""
+    return State(state.S + phi_k[..., :, None] * v[..., None, :], state.z + phi_k)
+
+
+def readout(phi_q, state, eps):
+    """phi(q)^T S / (phi(q)^T z + eps) for queries phi_q (..., N, F) -> (..., N, M), Eq. (19)."""
+    num = phi_q @ state.S                                  # (..., N, M)
+    den = phi_q @ state.z[..., :, None] + eps              # (..., N, 1)
+    return num / den
+
+
+def step(phi_q, phi_k, v, state, eps):
+    """One position: update the state with (phi_k, v), then read it out with phi_q.
+
+    phi_q, phi_k (..., F); v (..., M); state (S (..., F, M), z (..., F)).
+    Returns (out (..., M), new state). Cost O(F M), independent of the position.
+    """
+    state = update(state, phi_k, v)
+    return readout(phi_q[..., None, :], state, eps)[..., 0, :], state
+
+
+def _initial(phi_k, v):
+    xp = array_module(v)
+    return zero_state(v.shape[:-2], phi_k.shape[-1], v.shape[-1], v.dtype, xp)
+
+
+def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=None):
+    """Scan ``step`` over positions (causal), or accumulate the whole state, then read every
+    query out (non-causal). Shapes (..., N, F), (..., N, M) -> (..., N, M). O(N F M) time,
+    O(F M) memory beyond the output. ``chunk_size`` is ignored."""
+    xp = array_module(v)
+    state = _initial(phi_k, v)
+    if not causal:
+        for i in range(v.shape[-2]):
+            state = update(state, phi_k[..., i, :], v[..., i, :])
+        return readout(phi_q, state, eps)
+    out = xp.empty(v.shape, dtype=v.dtype)
+    for i in range(v.shape[-2]):
+        out[..., i, :], state = step(phi_q[..., i, :], phi_k[..., i, :], v[..., i, :], state, eps)
+    return out
+
+
+def _readout_backward(dout, phi_q, state, eps):
+    """Gradients of ``readout``: (dphi_q, dnum, dden) for queries (..., N, F).
+
+    den = phi_q^T z + eps, out = phi_q^T S / den; dnum = dout / den,
+    dden = -dout . out / den, dphi_q = S dnum + z dden (Eq. 13 with the normaliser).
+    """
+    den = phi_q @ state.z[..., :, None] + eps                       # (..., N, 1)
+    dnum = dout / den                                               # (..., N, M)
+    dden = -(dout * (phi_q @ state.S)).sum(axis=-1, keepdims=True) / den**2
+    dphi_q = dnum @ state.S.swapaxes(-1, -2) + dden * state.z[..., None, :]
+    return dphi_q, dnum, dden
+
+
+def attend_backward(dout, phi_q, phi_k, v, *, causal, eps, chunk_size=None):
+    """Backpropagation through the scan, in O(F M) memory: (dphi_q, dphi_k, dv).
+
+    Forward in time, the state (S_i, z_i) gives each query's gradient (Eq. 13 with the
+    normaliser, see ``_readout_backward``). Backward in time, the adjoint state
+    dS_i = sum_{j >= i} phi_q_j dnum_j^T, dz_i = sum_{j >= i} phi_q_j dden_j gives the keys'
+    and values' gradients: dphi_k_i = dS_i v_i + dz_i, dv_i = dS_i^T phi_k_i (Eq. 14-15).
+    Non-causal, every readout sees the final state and every key every query: the sums run
+    over all positions at once.
+    """
+    xp = array_module(v)
+    n = v.shape[-2]
+    state = _initial(phi_k, v)
+    if not causal:
+        for i in range(n):
+            state = update(state, phi_k[..., i, :], v[..., i, :])
+        dphi_q, dnum, dden = _readout_backward(dout, phi_q, state, eps)
+        ds = phi_q.swapaxes(-1, -2) @ dnum                           # (..., F, M)
+        dz = (phi_q * dden).sum(axis=-2)                             # (..., F)
+        return dphi_q, v @ ds.swapaxes(-1, -2) + dz[..., None, :], phi_k @ ds
+    dphi_q, dnum = xp.empty_like(phi_q), xp.empty_like(v)
+    dden = xp.empty((*v.shape[:-1], 1), dtype=v.dtype)
+    for i in range(n):                                               # forward in time
+        state = update(state, phi_k[..., i, :], v[..., i, :])
+        grads = _readout_backward(dout[..., i:i + 1, :], phi_q[..., i:i + 1, :], state, eps)
+        dphi_q[..., i:i + 1, :], dnum[..., i:i + 1, :], dden[..., i:i + 1, :] = grads
+    adjoint = _initial(phi_k, v)
+    dphi_k, dv = xp.empty_like(phi_k), xp.empty_like(v)
+    for i in reversed(range(n)):                                     # backward in time
+        adjoint = State(adjoint.S + phi_q[..., i, :, None] * dnum[..., i, None, :],
+                        adjoint.z + phi_q[..., i, :] * dden[..., i, :])
+        dphi_k[..., i, :] = (adjoint.S @ v[..., i, :, None])[..., 0] + adjoint.z
+        dv[..., i, :] = (phi_k[..., i, None, :] @ adjoint.S)[..., 0, :]
+    return dphi_q, dphi_k, dv

@@ -1,0 +1,160 @@
+"""Linear attention, the public functions: section 3 of Katharopoulos et al. (2020),
+"Transformers are RNNs", arXiv:2006.16236.
+
+    out_i = phi(q_i)^T S / (phi(q_i)^T z + eps),  S = sum_j phi(k_j) v_j^T,  z = sum_j phi(k_j)
+
+with j over all positions (Eq. 5), or j <= i when causal (Eq. 9-12). Every function checks
+its inputs once (``_checks``), applies the feature map, and hands positive features to one
+kernel pair chosen by ``method`` and ``backend`` in ``_kernel``, the single dispatch table.
+Oracle: ``method="quadratic"``, ``backend="numpy"``.
+"""
+import numbers
+
+from . import _checks
+from .feature_maps import get_feature_map
+from .forms import chunked, cumulative, quadratic, recurrent
+from .forms.recurrent import State
+
+_NUMPY_FORMS = {"quadratic": quadratic, "linear": cumulative, "chunked": chunked,
+                "recurrent": recurrent}
+
+
+def _kernel(method, backend, causal, xp):
+    """The module whose ``attend``/``attend_backward`` compute ``method`` on ``backend``."""
+    _checks.check_choice("method", method, _checks.METHODS)
+    _checks.check_choice("backend", backend, _checks.BACKENDS)
+    if backend == "auto":
+        backend = "numpy"
+    if backend != "numpy":
+        raise ValueError(f"backend {backend!r} is not available in this build; use 'numpy'")
+    if method == "auto":
+        method = "chunked" if causal else "linear"
+    return _NUMPY_FORMS[method]
+
+
+def _check_options(eps, chunk_size):
+    if not isinstance(eps, numbers.Real) or not eps >= 0:
+        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    if not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+
+
+def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
+                     method="auto", backend="auto", chunk_size=chunked.DEFAULT_CHUNK_SIZE):
+    """Linear attention, Eq. (5) (non-causal) or Eq. (9)-(12) (causal).
+
+    out_i = phi(q_i)^T S_i / (phi(q_i)^T z_i + eps), S_i = sum_j phi(k_j) v_j^T and
+    z_i = sum_j phi(k_j), over all j, or j <= i if ``causal``.
+
+    Parameters
+    ----------
+    q, k : ndarray, shape (..., N, D)
+    v : ndarray, shape (..., N, M)
+        Leading axes (batch, heads, ...) must be equal, and may be absent.
+    causal : bool
+        Position i attends only to positions j <= i.
+    feature_map : {"elu+1", "relu", "taylor", "favor"} or object
+        phi; an object needs ``forward(x)`` and ``vjp(x, dphi)`` (see ``feature_maps``).
+    eps : float
+        Added to the normaliser phi(q_i)^T z_i.
+    method : {"auto", "quadratic", "linear", "chunked", "recurrent"}
+        The algorithm; all compute the same function. "quadratic" builds the N x N matrix
+        (the oracle), "linear" uses running sums, "chunked" blocks of ``chunk_size``
+        positions, "recurrent" scans ``linear_attention_step``. "auto" picks the fastest.
+    backend : {"auto", "numpy", "numba", "cupy"}
+    chunk_size : int
+        Block length of ``method="chunked"``.
+
+    Returns
+    -------
+    out : ndarray, shape (..., N, M), in the inputs' dtype (float16 is computed in float32).
+
+    Cost: O(N F M) time and O(N (F + M)) memory for every method but "quadratic"
+    (O(N^2 max(F, M)) time, O(N^2) memory); F is the feature map's width.
+    """
+    (q, k, v), out_dtype = _checks.check_qkv(q, k, v)
+    _check_options(eps, chunk_size)
+    kernel = _kernel(method, backend, causal, _checks.array_module(q))
+    phi = get_feature_map(feature_map)
+    out = kernel.attend(phi.forward(q), phi.forward(k), v, causal=causal, eps=eps,
+                        chunk_size=chunk_size)
+    return out.astype(out_dtype, copy=False)
+
+
+def linear_attention_backward(dout, q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
+                              method="auto", backend="auto",
+                              chunk_size=chunked.DEFAULT_CHUNK_SIZE):
+    """Gradients of ``linear_attention`` with respect to q, k and v, Eq. (13)-(15).
+
+    The kernel returns the gradients with respect to the features and v (Eq. 13-15,
+    extended to the normaliser); the feature map's vector-Jacobian product carries them back
+    to q and k. Causal methods other than "quadratic" recompute the running state instead
+    of storing it (section 3.3.1): O(N (F + M)) memory.
+
+    Parameters
+    ----------
+    dout : ndarray, shape (..., N, M)
+        Gradient of the loss with respect to the output.
+    q, k, v and keywords
+        As given to ``linear_attention``.
+
+    Returns
+    -------
+    dq, dk : ndarray, shape (..., N, D)
+    dv : ndarray, shape (..., N, M)
+    """
+    (q, k, v, dout), out_dtype = _checks.check_qkv(q, k, v, dout)
+    _check_options(eps, chunk_size)
+    kernel = _kernel(method, backend, causal, _checks.array_module(q))
+    phi = get_feature_map(feature_map)
+    dphi_q, dphi_k, dv = kernel.attend_backward(dout, phi.forward(q), phi.forward(k), v,
+                                                causal=causal, eps=eps, chunk_size=chunk_size)
+    grads = phi.vjp(q, dphi_q), phi.vjp(k, dphi_k), dv
+    return tuple(g.astype(out_dtype, copy=False) for g in grads)
+
+
+def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps=1e-6):
+    """One step of causal linear attention as an RNN, Eq. (16)-(19).
+
+    S_t = S_{t-1} + phi(k_t) v_t^T, z_t = z_{t-1} + phi(k_t),
+    out_t = phi(q_t)^T S_t / (phi(q_t)^T z_t + eps).
+    Scanning it over positions 1..N gives causal ``linear_attention``.
+
+    Parameters
+    ----------
+    q_t, k_t : ndarray, shape (..., D)
+    v_t : ndarray, shape (..., M)
+    state : State or None
+        (S (..., F, M), z (..., F)) after the previous positions; None starts from zeros.
+
+    Returns
+    -------
+    out_t : ndarray, shape (..., M), in the inputs' dtype.
+    state : State
+        The new (S, z), in the compute dtype (float32 for float16 inputs).
+
+    Cost: O(F M) time and memory per step, whatever the position.
+    """
+    (q_t, k_t, v_t), out_dtype = _checks.check_step(q_t, k_t, v_t)
+    xp = _checks.array_module(q_t)
+    phi = get_feature_map(feature_map)
+    phi_q, phi_k = phi.forward(q_t), phi.forward(k_t)
+    lead, f, m = q_t.shape[:-1], phi_k.shape[-1], v_t.shape[-1]
+    state = _as_state(state, (*lead, f, m), q_t.dtype, xp)
+    out, state = recurrent.step(phi_q, phi_k, v_t, state, eps)
+    return out.astype(out_dtype, copy=False), state
+
+
+def _as_state(state, s_shape, dtype, xp):
+    """``state`` checked against S (..., F, M) and z (..., F) and cast to ``dtype``;
+    zeros (Eq. 16) when None."""
+    if state is None:
+        return recurrent.zero_state(s_shape[:-2], s_shape[-2], s_shape[-1], dtype, xp)
+    want = f"State(S {s_shape}, z {s_shape[:-1]})"
+    if not (isinstance(state, tuple) and len(state) == 2):
+        raise TypeError(f"state must be None or {want}, got {type(state).__name__}")
+    s, z = (_checks.as_float_array(n, a) for n, a in zip(("state.S", "state.z"), state))
+    if s.shape != s_shape or z.shape != s_shape[:-1]:
+        raise ValueError(f"state must be {want} for these inputs and feature map, "
+                         f"got S {s.shape}, z {z.shape}")
+    return State(s.astype(dtype, copy=False), z.astype(dtype, copy=False))
