@@ -12,23 +12,31 @@ import numbers
 
 from . import _checks
 from .feature_maps import get_feature_map
+from .cuda import chunked as cuda_chunked, cumulative as cuda_cumulative
+from .cuda import launch as cuda_launch, step as cuda_step
 from .forms import chunked, cumulative, quadratic, recurrent
 from .forms.recurrent import State
 
 _NUMPY_FORMS = {"quadratic": quadratic, "linear": cumulative, "chunked": chunked,
                 "recurrent": recurrent}
+# backend="cupy": v1 (one thread per column) for the running-sum methods, v2 (chunked scan)
+# for "chunked"; "quadratic" is the NumPy oracle running on CuPy arrays.
+_CUPY_FORMS = {"quadratic": quadratic, "linear": cuda_cumulative, "chunked": cuda_chunked,
+               "recurrent": cuda_cumulative}
 
 
 def _kernel(method, backend, causal, xp):
     """The module whose ``attend``/``attend_backward`` compute ``method`` on ``backend``."""
     _checks.check_choice("method", method, _checks.METHODS)
     _checks.check_choice("backend", backend, _checks.BACKENDS)
+    if method == "auto":
+        method = "chunked" if causal else "linear"
+    if cuda_launch.wants_cupy(backend, xp):     # "cupy", or "auto" with CuPy arrays
+        return _CUPY_FORMS[method]
     if backend == "auto":
         backend = "numpy"
     if backend != "numpy":
         raise ValueError(f"backend {backend!r} is not available in this build; use 'numpy'")
-    if method == "auto":
-        method = "chunked" if causal else "linear"
     return _NUMPY_FORMS[method]
 
 
@@ -62,6 +70,9 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
         (the oracle), "linear" uses running sums, "chunked" blocks of ``chunk_size``
         positions, "recurrent" scans ``linear_attention_step``. "auto" picks the fastest.
     backend : {"auto", "numpy", "numba", "cupy"}
+        "cupy" runs CUDA kernels on CuPy arrays ("chunked" and "auto": the chunked scan;
+        "linear" and "recurrent": one thread per column); "auto" is "cupy" for CuPy arrays
+        and "numpy" otherwise.
     chunk_size : int
         Block length of ``method="chunked"``.
 
@@ -113,7 +124,8 @@ def linear_attention_backward(dout, q, k, v, *, causal=False, feature_map="elu+1
     return tuple(g.astype(out_dtype, copy=False) for g in grads)
 
 
-def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps=1e-6):
+def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps=1e-6,
+                          backend="auto"):
     """One step of causal linear attention as an RNN, Eq. (16)-(19).
 
     S_t = S_{t-1} + phi(k_t) v_t^T, z_t = z_{t-1} + phi(k_t),
@@ -126,6 +138,9 @@ def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps
     v_t : ndarray, shape (..., M)
     state : State or None
         (S (..., F, M), z (..., F)) after the previous positions; None starts from zeros.
+    backend : {"auto", "numpy", "numba", "cupy"}
+        "cupy" (and "auto" with CuPy arrays) runs one fused kernel over all sequences at
+        once; the others run the NumPy step.
 
     Returns
     -------
@@ -137,11 +152,13 @@ def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps
     """
     (q_t, k_t, v_t), out_dtype = _checks.check_step(q_t, k_t, v_t)
     xp = _checks.array_module(q_t)
+    _checks.check_choice("backend", backend, _checks.BACKENDS)
+    step = cuda_step.step if cuda_launch.wants_cupy(backend, xp) else recurrent.step
     phi = get_feature_map(feature_map)
     phi_q, phi_k = phi.forward(q_t), phi.forward(k_t)
     lead, f, m = q_t.shape[:-1], phi_k.shape[-1], v_t.shape[-1]
     state = _as_state(state, (*lead, f, m), q_t.dtype, xp)
-    out, state = recurrent.step(phi_q, phi_k, v_t, state, eps)
+    out, state = step(phi_q, phi_k, v_t, state, eps)
     return out.astype(out_dtype, copy=False), state
 
 
@@ -154,6 +171,9 @@ def _as_state(state, s_shape, dtype, xp):
     if not (isinstance(state, tuple) and len(state) == 2):
         raise TypeError(f"state must be None or {want}, got {type(state).__name__}")
     s, z = (_checks.as_float_array(n, a) for n, a in zip(("state.S", "state.z"), state))
+    if _checks.array_module(s) is not xp or _checks.array_module(z) is not xp:
+        raise TypeError(f"state must hold {xp.__name__} arrays like q_t, k_t and v_t, got "
+                        f"{type(s).__name__} and {type(z).__name__}")
     if s.shape != s_shape or z.shape != s_shape[:-1]:
         raise ValueError(f"state must be {want} for these inputs and feature map, "
                          f"got S {s.shape}, z {z.shape}")

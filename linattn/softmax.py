@@ -5,7 +5,8 @@ sim(q, k) = exp(q.k / sqrt(D)).
 Reference: this module is its own oracle; tests hold it to a line-by-line transcription of
 Eq. (3) and its backward to central finite differences.
 """
-from ._checks import array_module, check_qkv
+from ._checks import BACKENDS, array_module, check_choice, check_qkv
+from .cuda import launch as cuda_launch, softmax as cuda_softmax
 
 
 def _probabilities(q, k, causal, scale):
@@ -28,7 +29,13 @@ def _scale(q, scale):
     return q.shape[-1] ** -0.5 if scale is None else float(scale)
 
 
-def softmax_attention(q, k, v, *, causal=False, scale=None):
+def _on_gpu(backend, q):
+    """True for backend "cupy", or "auto" with CuPy arrays: linattn.cuda.softmax runs."""
+    check_choice("backend", backend, BACKENDS)
+    return cuda_launch.wants_cupy(backend, array_module(q))
+
+
+def softmax_attention(q, k, v, *, causal=False, scale=None, backend="auto"):
     """Softmax attention, the O(N^2) baseline, Eq. (2).
 
     out = softmax(scale * q k^T) v row by row, scale = 1/sqrt(D) by default;
@@ -40,6 +47,8 @@ def softmax_attention(q, k, v, *, causal=False, scale=None):
     v : ndarray, shape (..., N, M)
     causal : bool
     scale : float, optional
+    backend : {"auto", "numpy", "numba", "cupy"}
+        "cupy" (and "auto" with CuPy arrays) runs ``linattn.cuda.softmax``.
 
     Returns
     -------
@@ -48,11 +57,14 @@ def softmax_attention(q, k, v, *, causal=False, scale=None):
     Cost: O(N^2 max(D, M)) time, O(N^2) memory.
     """
     (q, k, v), out_dtype = check_qkv(q, k, v)
+    if _on_gpu(backend, q):
+        out = cuda_softmax.softmax_attention(q, k, v, causal=causal, scale=_scale(q, scale))
+        return out.astype(out_dtype, copy=False)
     p = _probabilities(q, k, causal, _scale(q, scale))
     return (p @ v).astype(out_dtype, copy=False)
 
 
-def softmax_attention_backward(dout, q, k, v, *, causal=False, scale=None):
+def softmax_attention_backward(dout, q, k, v, *, causal=False, scale=None, backend="auto"):
     """Gradients of softmax attention: the backward of Eq. (2).
 
     With P = softmax(L), L = scale * q k^T and out = P v:
@@ -63,7 +75,7 @@ def softmax_attention_backward(dout, q, k, v, *, causal=False, scale=None):
     ----------
     dout : ndarray, shape (..., N, M)
         Gradient of the loss with respect to ``out``.
-    q, k, v, causal, scale
+    q, k, v, causal, scale, backend
         As given to ``softmax_attention``.
 
     Returns
@@ -75,6 +87,9 @@ def softmax_attention_backward(dout, q, k, v, *, causal=False, scale=None):
     """
     (q, k, v, dout), out_dtype = check_qkv(q, k, v, dout)
     scale = _scale(q, scale)
+    if _on_gpu(backend, q):
+        grads = cuda_softmax.softmax_attention_backward(dout, q, k, v, causal=causal, scale=scale)
+        return tuple(g.astype(out_dtype, copy=False) for g in grads)
     p = _probabilities(q, k, causal, scale)        # (..., N, N)
     dv = p.swapaxes(-1, -2) @ dout                          # (..., N, M)
     dp = dout @ v.swapaxes(-1, -2)                          # (..., N, N)
