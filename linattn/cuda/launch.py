@@ -64,14 +64,14 @@ def source_path(name):
 
 
 @functools.lru_cache(maxsize=None)
-def _module(name, real):
+def _module(name, dtype_name):
     cupy = require_cupy()
-    return cupy.RawModule(code=source_path(name).read_text(), options=options(real))
+    return cupy.RawModule(code=source_path(name).read_text(), options=options(dtype_name))
 
 
 def kernel(name, function, dtype):
     """The compiled kernel ``function`` of source ``name`` for ``dtype``, compiled on first use."""
-    return _module(name, _REAL[np.dtype(dtype)]).get_function(function)
+    return _module(name, np.dtype(dtype).name).get_function(function)
 
 
 def launch(name, function, grid, args):
