@@ -124,9 +124,9 @@ def bench_sizes(cupy, sizes, heads, dim, repeat, budget_s):
     """Rows of {N, impl, fwd_ms, fwd_bwd_ms, ...}; a measurement predicted (from the previous
     size) to take over ``budget_s`` or that runs out of memory is skipped and noted."""
     rows, last = [], {}
-    rng = np.random.default_rng(0)
+    rng = cupy.random.default_rng(0)
     for n in sizes:
-        q, k, v, dout = (cupy.asarray(rng.standard_normal((1, heads, n, dim), dtype=np.float32))
+        q, k, v, dout = (rng.standard_normal((1, heads, n, dim), dtype=np.float32)
                          for _ in range(4))
         cases = {**linattn_cases(q, k, v, dout), **torch_cases(q, k, v, dout)}
         for name, (fwd, fwd_bwd) in cases.items():

@@ -3,7 +3,8 @@
 # PyTorch) is already installed: installs nothing and needs no network. Runs the GPU tests,
 # the kernels under compute-sanitizer (when it is there), then the benchmark at the issue's
 # target sizes, and prints a short table. Expect 3-6 minutes on an H200.
-#   bash scripts/gpu_check.sh [OUTDIR]      logs and bench.json go to OUTDIR ($OUT, /tmp/linattn-gpu)
+#   bash scripts/gpu_check.sh [OUTDIR]
+# Logs and bench.json go to OUTDIR (default: $OUT, else /tmp/linattn-gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/linattn-gpu}}

@@ -114,7 +114,8 @@ def test_step_matches_numpy(emulated, f, m):
     rng = np.random.default_rng(f)
     q, k = np.abs(rng.standard_normal((2, 3, f))) + 0.1, np.abs(rng.standard_normal((2, 3, f)))
     v = rng.standard_normal((2, 3, m))
-    state = recurrent.State(rng.standard_normal((2, 3, f, m)), np.abs(rng.standard_normal((2, 3, f))))
+    state = recurrent.State(rng.standard_normal((2, 3, f, m)),
+                            np.abs(rng.standard_normal((2, 3, f))))
     got_out, got_state = step.step(q, k, v, state, 1e-6)
     want_out, want_state = recurrent.step(q, k, v, state, 1e-6)
     np.testing.assert_allclose(got_out, want_out, rtol=1e-10)

@@ -13,7 +13,8 @@
 //               Computes the unnormalised "causal product"; the normaliser is an extra value
 //               column of ones (linattn/forms/normaliser.py), the backward four scans.
 //   v2 chunked  a chunked scan, 64 positions per chunk, normaliser fused:
-//               1. chunk_states: each chunk's K_c^T V_c and sum of k (grid: chunk x F-tile x M-tile)
+//               1. chunk_states: each chunk's K_c^T V_c and sum of k (grid: chunk x F-tile
+//                                x M-tile)
 //               2. chunk_scan:   exclusive prefix of the chunk states over chunks (one thread per
 //                                state element, reverse for the backward)
 //               3. chunk_forward: out_c = (Q_c S_c + tril(Q_c K_c^T) V_c) / den_c per chunk and
@@ -77,7 +78,8 @@ __device__ __forceinline__ real at(const Matrix& a, int row, int col)
 }
 
 // Stage STEP reduction rows k0.. of an operand into s[kk][x], x < TILE:
-// s[kk][x] = a[x0 + x][k0 + kk] if TRANS (the reduction runs along a's rows), else a[k0 + kk][x0 + x].
+// s[kk][x] = a[x0 + x][k0 + kk] if TRANS (the reduction runs along a's rows),
+// else a[k0 + kk][x0 + x].
 template <bool TRANS>
 __device__ void stage(Shared* s, const Matrix& a, int k0, int x0)
 {

@@ -55,7 +55,8 @@ def _forward(q, k, v, eps):
     out = xp.empty_like(v)
     den = xp.empty((h, n), dtype=v.dtype)
     grid = (h * math.ceil(n / launch.TILE), math.ceil(m / launch.TILE))
-    launch.launch("causal_product.cu", "chunk_forward", grid, (q, k, v, s, z, out, den, n, f, m, float(eps)))
+    launch.launch("causal_product.cu", "chunk_forward", grid,
+                  (q, k, v, s, z, out, den, n, f, m, float(eps)))
     return out, den, s, z
 
 
