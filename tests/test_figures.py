@@ -31,7 +31,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("draw, columns, x", CASES, ids=lambda c: getattr(c, "__name__", ""))
+@pytest.mark.parametrize("draw, columns, x", CASES, ids=[c[0].__name__ for c in CASES])
 def test_figure_writes_png_and_csv_that_round_trips(tmp_path, draw, columns, x):
     rows = _rows(columns, x, [1, 2, 4, 8, 16])
     png, table = draw(rows, tmp_path / "sub" / draw.__name__, title="synthetic")
