@@ -1,9 +1,9 @@
-"""The command line: ``python -m linattn demo``."""
+"""The command line: ``python -m linattn {demo,figures}``."""
 import sys
 
-from . import demo
+from . import demo, figures
 
-COMMANDS = {"demo": demo.main}
+COMMANDS = {"demo": demo.main, "figures": figures.main}
 
 
 def main(argv=None):
