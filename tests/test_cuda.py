@@ -47,6 +47,22 @@ def test_methods_match_the_numpy_oracle(cp, n, d, m, lead, causal, fmap, method,
         np.testing.assert_allclose(cp.asnumpy(g), w, rtol=1e-10, atol=1e-11)
 
 
+@pytest.mark.parametrize("n, d, m, fmap", [(129, 66, 65, "elu+1"), (64, 64, 64, "relu"),
+                                           (130, 8, 3, "taylor")])   # taylor: F = 73
+@pytest.mark.parametrize("method", ["linear", "chunked"])
+def test_tile_edges_match_the_oracle(cp, method, n, d, m, fmap):
+    # F and M past one 64-wide tile, chunks full and ragged
+    q, k, v = random_qkv(n + d, n, d, m, (2,))
+    dout = np.random.default_rng(n).standard_normal(v.shape)
+    kw = dict(causal=True, feature_map=fmap)
+    out = linear_attention(*on_gpu(cp, q, k, v), method=method, **kw)
+    want = linear_attention(q, k, v, method="quadratic", **kw)
+    np.testing.assert_allclose(cp.asnumpy(out), want, rtol=1e-10, atol=1e-12)
+    grads = linear_attention_backward(*on_gpu(cp, dout, q, k, v), method=method, **kw)
+    for g, w in zip(grads, linear_attention_backward(dout, q, k, v, method="quadratic", **kw)):
+        np.testing.assert_allclose(cp.asnumpy(g), w, rtol=1e-10, atol=1e-11)
+
+
 @pytest.mark.parametrize("n, d, m", [(5, 2, 3), (70, 2, 2)])
 @pytest.mark.parametrize("method", ["linear", "chunked"])
 def test_backward_matches_finite_differences(cp, method, n, d, m):
