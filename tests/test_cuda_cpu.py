@@ -29,6 +29,11 @@ def nvcc(source, dtype, *flags):
     return done.stderr
 
 
+def test_sources_lists_every_cu_file():
+    found = sorted(p.name for p in launch.source_path("x").parent.glob("*.cu"))
+    assert sorted(launch.SOURCES) == found
+
+
 @needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("source", launch.SOURCES)
