@@ -104,7 +104,8 @@ class Favor:
         blocks = []
         for _ in range(-(-self.n_features // d)):
             gauss = rng.standard_normal((d, d))
-            ortho, _ = np.linalg.qr(gauss)                    # (D, D), orthonormal columns
+            ortho, r = np.linalg.qr(gauss)
+            ortho = ortho * np.sign(np.diag(r))       # (D, D), Haar-distributed columns
             norms = np.linalg.norm(rng.standard_normal((d, d)), axis=0)  # chi(D) lengths
             blocks.append(ortho * norms)
         return np.concatenate(blocks, axis=1)[:, : self.n_features]  # (D, F)

@@ -1,0 +1,18 @@
+"""The command line: ``python -m linattn demo``."""
+import sys
+
+from . import demo
+
+COMMANDS = {"demo": demo.main}
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        print(f"usage: python -m linattn {{{','.join(COMMANDS)}}} [options]", file=sys.stderr)
+        return 2
+    return COMMANDS[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
