@@ -1,9 +1,11 @@
-"""The command line: ``python -m linattn demo``."""
+"""The command line: ``python -m linattn demo|train|generate|speed``."""
 import sys
 
 from . import demo
+from .model import cli
 
-COMMANDS = {"demo": demo.main}
+COMMANDS = {"demo": demo.main, "train": cli.train_main, "generate": cli.generate_main,
+            "speed": cli.speed_main}
 
 
 def main(argv=None):

@@ -18,7 +18,8 @@ def _config(attention_kind, feature_map):
 
 def _weights(seed, d=8):
     rng = np.random.default_rng(seed)
-    return [rng.standard_normal((d, d)) / np.sqrt(d) if n[0] == "w" else 0.1 * rng.standard_normal(d)
+    return [rng.standard_normal((d, d)) / np.sqrt(d) if n[0] == "w"
+            else 0.1 * rng.standard_normal(d)
             for n in NAMES]
 
 

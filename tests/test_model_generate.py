@@ -94,7 +94,7 @@ def test_sample_follows_the_distribution():
     ("softmax", dict(method="recurrent"), "does not apply"),
     ("linear", dict(method="cache"), "does not apply"),
     ("linear", dict(method="beam"), "unknown"),
-    ("linear", dict(n_new=30), "max_len"),
+    ("linear", dict(n_new=22), "max_len"),
     ("linear", dict(temperature=-1.0), "temperature"),
     ("linear", dict(prompt=np.zeros((2, 0), dtype=int)), "prompt"),
 ])
@@ -103,3 +103,20 @@ def test_generate_rejects_bad_arguments(attention, kwargs, match):
     args = {"prompt": _prompt(), "n_new": 5, **kwargs}
     with pytest.raises(ValueError, match=match):
         generate(params, cfg, args.pop("prompt"), args.pop("n_new"), **args)
+
+
+def test_generation_may_fill_max_len_exactly():
+    # the model reads every token but the last generated one: P + n_new - 1 <= max_len
+    cfg, params = _model("linear")
+    assert generate(params, cfg, _prompt(1, 4), 21).shape == (1, 25)
+    with pytest.raises(ValueError, match="max_len"):
+        generate(params, cfg, _prompt(1, 4), 22)
+
+
+def test_generation_speed_rows():
+    # structure only: timing is a benchmark's business, never asserted
+    from linattn.model.speed import FORMS, generation_speed
+    rows = generation_speed(lengths=(6,), batch_size=2, budget_s=0.0)
+    assert [(r["attention"], r["method"]) for r in rows] == list(FORMS)
+    assert all(not r["measured"] and r["sequences_per_s"] > 0 for r in rows)
+    assert rows[0]["speedup_vs_recompute"] > 0 and rows[0]["speedup_vs_cache"] > 0

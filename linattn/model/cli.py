@@ -20,12 +20,9 @@ from .checkpoint import load_checkpoint
 from .config import ATTENTIONS, ModelConfig
 from .generate import METHODS, generate
 from .optim import AdamConfig
-from .tasks import CopyTask, batch_rng, load_digits
-from .train import TrainConfig, run
+from .tasks import batch_rng, load_digits
+from .train import DEFAULT_ADAM, DEFAULT_COPY, TrainConfig, copy_setup, run
 
-# the paper's copy-task model, section 4.1: 4 layers, 8 heads of 32, up to 128 positions
-PAPER = dict(length=63, d_model=256, n_layers=4, n_heads=8, d_mlp=1024)
-DEFAULTS = dict(length=16, d_model=64, n_layers=2, n_heads=4, d_mlp=256)
 
 
 def _train_parser():
@@ -41,12 +38,12 @@ def _train_parser():
                     help="copy: every string has the full length")
     for name in ("d_model", "n_layers", "n_heads", "d_mlp"):
         ap.add_argument("--" + name.replace("_", "-"), type=int)
-    ap.add_argument("--positions", choices=("sinusoidal", "learned"), default="sinusoidal")
-    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--positions", choices=("sinusoidal", "learned"), default="learned")
+    ap.add_argument("--steps", type=int, default=TrainConfig().steps)
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--warmup", type=int, default=100)
-    ap.add_argument("--clip", type=float, default=1.0)
+    ap.add_argument("--lr", type=float, default=DEFAULT_ADAM.lr)
+    ap.add_argument("--warmup", type=int, default=DEFAULT_ADAM.warmup)
+    ap.add_argument("--clip", type=float, default=DEFAULT_ADAM.clip)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--checkpoint-every", type=int, default=500)
@@ -58,18 +55,16 @@ def _train_parser():
 
 def _task(args):
     """The task and model config that the (stored) training arguments describe."""
-    sizes = {**DEFAULTS, **(PAPER if args["paper"] else {})}
-    sizes.update({k: args[k] for k in sizes if args.get(k) is not None})
+    sizes = {k: args[k] for k in DEFAULT_COPY if args.get(k) is not None}
+    choices = dict(feature_map=args["feature_map"], positions=args["positions"])
     if args["task"] == "copy":
-        task = CopyTask(length=sizes["length"], variable=not args["fixed_length"])
-    else:
-        task = load_digits()
-    cfg = ModelConfig(vocab_size=task.vocab_size, max_len=task.seq_len,
-                      d_model=sizes["d_model"], n_layers=sizes["n_layers"],
-                      n_heads=sizes["n_heads"], d_mlp=sizes["d_mlp"],
-                      attention=args["attention"], feature_map=args["feature_map"],
-                      positions=args["positions"])
-    return task, cfg
+        return copy_setup(args["attention"], args["paper"], not args["fixed_length"],
+                          **sizes, **choices)
+    task = load_digits()
+    sizes = {**DEFAULT_COPY, **sizes}
+    sizes.pop("length")
+    return task, ModelConfig(vocab_size=task.vocab_size, max_len=task.seq_len,
+                             attention=args["attention"], **sizes, **choices)
 
 
 def train_main(argv=None):

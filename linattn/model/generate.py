@@ -133,8 +133,9 @@ def generate(params, cfg, prompt, n_new, *, method="auto", temperature=0.0, seed
         raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
     b, n_prompt = prompt.shape
     total = n_prompt + n_new
-    if n_new < 0 or total > cfg.max_len:
-        raise ValueError(f"prompt length {n_prompt} + n_new {n_new} must be at most "
+    if n_new < 0 or max(n_prompt, total - 1) > cfg.max_len:
+        # the model reads every token but the last one generated
+        raise ValueError(f"prompt length {n_prompt} + n_new {n_new} - 1 must be at most "
                          f"max_len {cfg.max_len} (and n_new >= 0)")
     rng = np.random.default_rng(seed)
     tokens = np.zeros((b, total), dtype=np.int64)
