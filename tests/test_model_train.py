@@ -56,7 +56,7 @@ def test_command_line_train_resume_generate(tmp_path, capsys):
     assert "copy accuracy" in capsys.readouterr().err
 
 
-def test_command_line_digits_png(tmp_path):
+def test_command_line_digits_png(tmp_path, capsys):
     pytest.importorskip("sklearn")
     pytest.importorskip("matplotlib")
     out = tmp_path / "d"
@@ -67,6 +67,7 @@ def test_command_line_digits_png(tmp_path):
     assert main(["generate", "--checkpoint", str(out / "checkpoint.npz"), "--n", "4",
                  "--out", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "bits/dim" in capsys.readouterr().err
 
 
 def test_resume_of_another_model_is_refused(tmp_path):
@@ -77,3 +78,9 @@ def test_resume_of_another_model_is_refused(tmp_path):
     from linattn.model.checkpoint import CheckpointError
     with pytest.raises(CheckpointError, match="d_model"):
         main(base[:4] + ["--d-model", "16"] + base[6:] + ["--resume"])
+
+
+def test_resume_needs_an_output_directory():
+    task, cfg = copy_setup("linear", **TINY)
+    with pytest.raises(ValueError, match="out_dir"):
+        run(cfg, task, TrainConfig(steps=1), resume=True)

@@ -5,9 +5,11 @@ recomputing the prefix, the comparison of section 4.2 (Tables 1-2) of Katharopou
 
 Every form generates the same number of tokens from the same random model shape. A form
 whose estimated time exceeds the budget is not run to the end: its time is the sum over
-positions t of the measured cost of generating token t, interpolated between a few probed
-positions (the cost per token is smooth in t: constant, linear or quadratic). Rows say
-whether they were measured or estimated. Timing only; correctness is in the tests.
+positions t of the cost of generating token t, measured at a few probed positions
+t <= ``PROBE_LIMIT`` and interpolated between them; past the last probed position T the
+cost grows as (t / T)^p with the form's exponent p in ``GROWTH`` (0 for the RNN, 1 for the
+cache, 2 for recomputing). Rows say whether they were measured or estimated.
+Timing only; correctness is in the tests.
 """
 import time
 
@@ -18,6 +20,10 @@ from .generate import KVCache, generate, sample, step
 from .transformer import forward, init_params
 
 FORMS = (("linear", "recurrent"), ("softmax", "cache"), ("softmax", "recompute"))
+# recomputing at t builds (B, H, t, t) attention matrices: past ~1k they take gigabytes
+PROBE_LIMIT = 1024
+# how the cost of one token grows with its position t: t^0, t^1, t^2
+GROWTH = {"recurrent": 0, "cache": 1, "recompute": 2}
 
 
 def _model(attention, n, vocab_size=18):
@@ -50,10 +56,15 @@ def _token_seconds(params, cfg, method, b, t, repeats=3):
 
 def estimate_seconds(params, cfg, method, b, n, points=6):
     """Estimated time to generate n - 1 tokens after a one-token prompt: the per-token cost
-    probed at ``points`` positions, interpolated linearly and summed over t = 0..n-2."""
-    probes = np.unique(np.linspace(0, n - 2, points).astype(int))
+    probed at ``points`` positions up to T = min(n - 2, PROBE_LIMIT), interpolated between
+    them, extrapolated as cost(T) (t / T)^GROWTH[method] past T, summed over t = 0..n-2."""
+    probes = np.unique(np.linspace(0, min(n - 2, PROBE_LIMIT), points).astype(int))
     costs = [_token_seconds(params, cfg, method, b, int(t)) for t in probes]
-    return float(np.interp(np.arange(n - 1), probes, costs).sum())
+    t = np.arange(n - 1)
+    last = max(int(probes[-1]), 1)
+    per_token = np.where(t <= last, np.interp(t, probes, costs),
+                         costs[-1] * (t / last) ** GROWTH[method])
+    return float(per_token.sum())
 
 
 def generation_speed(lengths=(64, 1024, 8192), batch_size=16, budget_s=60.0):

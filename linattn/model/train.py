@@ -124,6 +124,8 @@ def run(cfg, task, train_cfg, adam=AdamConfig(), out_dir=None, resume=False,
     opt_state : AdamState
     """
     ckpt_path = os.path.join(out_dir, "checkpoint.npz") if out_dir else None
+    if resume and not out_dir:
+        raise ValueError("resume=True needs the out_dir holding checkpoint.npz")
     if resume:
         ckpt = load_checkpoint(ckpt_path, expect=cfg)
         params, opt_state = ckpt.params, ckpt.opt_state
