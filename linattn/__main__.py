@@ -1,9 +1,11 @@
-"""The command line: ``python -m linattn {demo,figures}``."""
+"""The command line: ``python -m linattn {demo,figures,train,generate,speed}``."""
 import sys
 
 from . import demo, figures
+from .model import cli
 
-COMMANDS = {"demo": demo.main, "figures": figures.main}
+COMMANDS = {"demo": demo.main, "figures": figures.main, "train": cli.train_main,
+            "generate": cli.generate_main, "speed": cli.speed_main}
 
 
 def main(argv=None):
