@@ -20,6 +20,30 @@ def array_module(x):
     return np
 
 
+def resolve_backend(backend, xp):
+    """The backend that runs, "numpy", "numba" or "cupy", for arrays of module ``xp``.
+
+    "auto" is "cupy" for CuPy arrays, else "numba" when numba imports, else "numpy". Numba is
+    imported here, on first use, not by ``import linattn`` (it costs about 0.3 s).
+    """
+    check_choice("backend", backend, BACKENDS)
+    if backend == "auto":
+        return "cupy" if xp is not np else ("numba" if _numba_imports() else "numpy")
+    if backend == "numba" and xp is not np:
+        raise TypeError("backend 'numba' runs on NumPy arrays; CuPy arrays need 'cupy' or 'auto'")
+    if backend == "numba" and not _numba_imports():
+        raise ValueError("backend 'numba' needs the numba package; install it or use 'numpy'")
+    return backend
+
+
+def _numba_imports():
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def as_float_array(name, x):
     """``x`` as a float array, or a TypeError naming ``name`` and its dtype."""
     xp = array_module(x)

@@ -11,7 +11,7 @@ Oracle: ``method="quadratic"``, ``backend="numpy"``.
 import numbers
 
 from . import _checks
-from .feature_maps import get_feature_map
+from .feature_maps import EluPlusOne, get_feature_map
 from .forms import chunked, cumulative, quadratic, recurrent
 from .forms.recurrent import State
 
@@ -20,16 +20,33 @@ _NUMPY_FORMS = {"quadratic": quadratic, "linear": cumulative, "chunked": chunked
 
 
 def _kernel(method, backend, causal, xp):
-    """The module whose ``attend``/``attend_backward`` compute ``method`` on ``backend``."""
+    """(module, backend): the module whose ``attend``/``attend_backward`` compute ``method``
+    on ``backend``, and the backend's name once "auto" is resolved (``_checks``).
+
+    Numba runs "linear" and "recurrent" (the same compiled loops), "chunked" and "auto"
+    (loops or chunked by size); asked for another method, "auto" falls back to NumPy.
+    """
     _checks.check_choice("method", method, _checks.METHODS)
-    _checks.check_choice("backend", backend, _checks.BACKENDS)
-    if backend == "auto":
-        backend = "numpy"
-    if backend != "numpy":
-        raise ValueError(f"backend {backend!r} is not available in this build; use 'numpy'")
+    resolved = _checks.resolve_backend(backend, xp)
+    if resolved == "numba":
+        from . import numba_cpu  # compiled kernels: imported on first use
+        forms = {**numba_cpu.FORMS, "auto": numba_cpu}
+        if method in forms:
+            return forms[method], resolved
+        if backend == "numba":
+            raise ValueError(f"method {method!r} has no numba kernel; numba runs "
+                             f"{', '.join(forms)}; use backend='numpy' for {method!r}")
+        resolved = "numpy"
+    # "cupy": the CUDA kernels of linattn/cuda plug in here; until then the NumPy forms
+    # run on CuPy arrays through ``xp``.
     if method == "auto":
         method = "chunked" if causal else "linear"
-    return _NUMPY_FORMS[method]
+    return _NUMPY_FORMS[method], resolved
+
+
+def _fused(backend, phi):
+    """Whether the kernel applies ``phi`` itself: Numba fuses elu+1 (Eq. 7) into its passes."""
+    return backend == "numba" and type(phi) is EluPlusOne
 
 
 def _check_options(eps, chunk_size):
@@ -62,6 +79,10 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
         (the oracle), "linear" uses running sums, "chunked" blocks of ``chunk_size``
         positions, "recurrent" scans ``linear_attention_step``. "auto" picks the fastest.
     backend : {"auto", "numpy", "numba", "cupy"}
+        Where it runs. "auto" is Numba's compiled kernels when numba imports (then "auto"
+        method picks its loops or blocks by size), NumPy otherwise, and "cupy" for CuPy
+        arrays. Numba runs the methods "linear" and "recurrent" (the same loops), "chunked"
+        and "auto"; with backend "auto" the others run on NumPy.
     chunk_size : int
         Block length of ``method="chunked"``.
 
@@ -74,10 +95,13 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
     """
     (q, k, v), out_dtype = _checks.check_qkv(q, k, v)
     _check_options(eps, chunk_size)
-    kernel = _kernel(method, backend, causal, _checks.array_module(q))
+    kernel, backend = _kernel(method, backend, causal, _checks.array_module(q))
     phi = get_feature_map(feature_map)
-    out = kernel.attend(phi.forward(q), phi.forward(k), v, causal=causal, eps=eps,
-                        chunk_size=chunk_size)
+    kw = dict(causal=causal, eps=eps, chunk_size=chunk_size)
+    if _fused(backend, phi):
+        out = kernel.attend(q, k, v, elu=True, **kw)
+    else:
+        out = kernel.attend(phi.forward(q), phi.forward(k), v, **kw)
     return out.astype(out_dtype, copy=False)
 
 
@@ -105,15 +129,20 @@ def linear_attention_backward(dout, q, k, v, *, causal=False, feature_map="elu+1
     """
     (q, k, v, dout), out_dtype = _checks.check_qkv(q, k, v, dout)
     _check_options(eps, chunk_size)
-    kernel = _kernel(method, backend, causal, _checks.array_module(q))
+    kernel, backend = _kernel(method, backend, causal, _checks.array_module(q))
     phi = get_feature_map(feature_map)
-    dphi_q, dphi_k, dv = kernel.attend_backward(dout, phi.forward(q), phi.forward(k), v,
-                                                causal=causal, eps=eps, chunk_size=chunk_size)
-    grads = phi.vjp(q, dphi_q), phi.vjp(k, dphi_k), dv
+    kw = dict(causal=causal, eps=eps, chunk_size=chunk_size)
+    if _fused(backend, phi):
+        grads = kernel.attend_backward(dout, q, k, v, elu=True, **kw)
+    else:
+        dphi_q, dphi_k, dv = kernel.attend_backward(dout, phi.forward(q), phi.forward(k), v,
+                                                    **kw)
+        grads = phi.vjp(q, dphi_q), phi.vjp(k, dphi_k), dv
     return tuple(g.astype(out_dtype, copy=False) for g in grads)
 
 
-def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps=1e-6):
+def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps=1e-6,
+                          backend="auto"):
     """One step of causal linear attention as an RNN, Eq. (16)-(19).
 
     S_t = S_{t-1} + phi(k_t) v_t^T, z_t = z_{t-1} + phi(k_t),
@@ -126,6 +155,10 @@ def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps
     v_t : ndarray, shape (..., M)
     state : State or None
         (S (..., F, M), z (..., F)) after the previous positions; None starts from zeros.
+    feature_map, eps
+        As for ``linear_attention``.
+    backend : {"auto", "numpy", "numba", "cupy"}
+        "numba" runs the whole step, elu+1 included, as one compiled call.
 
     Returns
     -------
@@ -137,11 +170,17 @@ def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps
     """
     (q_t, k_t, v_t), out_dtype = _checks.check_step(q_t, k_t, v_t)
     xp = _checks.array_module(q_t)
+    backend = _checks.resolve_backend(backend, xp)
     phi = get_feature_map(feature_map)
-    phi_q, phi_k = phi.forward(q_t), phi.forward(k_t)
+    fused = _fused(backend, phi)
+    phi_q, phi_k = (q_t, k_t) if fused else (phi.forward(q_t), phi.forward(k_t))
     lead, f, m = q_t.shape[:-1], phi_k.shape[-1], v_t.shape[-1]
     state = _as_state(state, (*lead, f, m), q_t.dtype, xp)
-    out, state = recurrent.step(phi_q, phi_k, v_t, state, eps)
+    if backend == "numba":
+        from .numba_cpu import step
+        out, state = step.step(phi_q, phi_k, v_t, state, eps, elu=fused)
+    else:  # "cupy" runs the NumPy step on CuPy arrays until linattn/cuda provides one
+        out, state = recurrent.step(phi_q, phi_k, v_t, state, eps)
     return out.astype(out_dtype, copy=False), state
 
 

@@ -1,0 +1,44 @@
+"""The Numba CPU backend: compiled kernels for linear attention (Eq. 5, 9-15, 16-19) and
+softmax attention (Eq. 2, 8) of Katharopoulos et al. (2020), arXiv:2006.16236.
+
+Same functions and signatures as the NumPy forms, which are its oracle; the public functions
+validate once and dispatch here (``linear._kernel``, ``softmax._kernel``).
+
+- ``loops``     method "linear" (and "recurrent"): the running sums as compiled loops,
+                ``products.causal_product`` and ``global_product``.
+- ``chunked``   method "chunked": the same products as blocked matrix products (BLAS).
+- this module   method "auto": loops or chunked, by the measured crossover below.
+- ``step``      one RNN step, Eq. (16)-(19), in one call.
+- ``softmax``   softmax attention forward and backward in O(N) memory per worker.
+
+All take ``elu=True`` to apply the paper's feature map, elu+1 (Eq. 7), themselves, to raw q
+and k; the unfused path (NumPy feature map, then the kernel) is what the tests compare to.
+Policies: ``@njit(cache=True)`` everywhere, so a second process loads the compiled code
+instead of compiling; no ``fastmath`` (NaN and inf propagate as in NumPy); float32 stays
+float32 inside the loops; parallel over the flattened batch x heads and, when there are
+fewer of those than threads, over blocks of state columns.
+"""
+from . import chunked, loops
+
+FORMS = {"linear": loops, "recurrent": loops, "chunked": chunked}
+
+# Measured on 2 cores (see ``python -m linattn.bench``): the loops win while F * M is small,
+# the blocked matrix products once the state is big enough for BLAS.
+CROSSOVER_FM = 128 * 128
+
+
+def _form(phi_k, v):
+    return chunked if phi_k.shape[-1] * v.shape[-1] >= CROSSOVER_FM else loops
+
+
+def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=64, elu=False):
+    """Normalised linear attention by the loops or by blocks, whichever is faster at this
+    F x M (``CROSSOVER_FM``). Shapes (..., N, F), (..., N, M) -> (..., N, M)."""
+    return _form(phi_k, v).attend(phi_q, phi_k, v, causal=causal, eps=eps,
+                                  chunk_size=chunk_size, elu=elu)
+
+
+def attend_backward(dout, phi_q, phi_k, v, *, causal, eps, chunk_size=64, elu=False):
+    """Backward of ``attend``: (dphi_q, dphi_k, dv), or (dq, dk, dv) with ``elu``."""
+    return _form(phi_k, v).attend_backward(dout, phi_q, phi_k, v, causal=causal, eps=eps,
+                                           chunk_size=chunk_size, elu=elu)

@@ -1,0 +1,105 @@
+"""The paper's "causal product" and its non-causal twin as Numba loops: Eq. (9)-(12) of
+Katharopoulos et al. (2020), arXiv:2006.16236, for any three operands a, b, c:
+
+    out_i = c_i^T S_i,   S_i = sum_{j <= i} a_j b_j^T     (j >= i if ``reverse``; all j if global)
+
+The forward pass is (a, b, c) = (phi_k, v, phi_q). The backward of section 3.3.1, Eq. (13)-(15),
+is three more products of the same shape (see ``normaliser``), so these two loops are all the
+Numba backend computes. With ``eps >= 0`` the loops also normalise, Eq. (12):
+out_i /= c_i^T z_i + eps with z_i = sum_j a_j, and write that denominator to ``den``.
+
+Layout: a, c (R, N, A); b (R, N, >= B); out (R, N, B); den (R, N); R rows are the flattened
+batch x heads. Work is split into R x ``n_blocks`` units, each owning a block of the B state
+columns, so two cores stay busy even at R = 1. The inner loops run along b's columns (SIMD,
+no reduction), with two partial sums for the readout to break the add chain; no fastmath,
+so NaN and inf behave as in NumPy and float32 stays float32. Oracle: ``forms.quadratic``.
+"""
+import numpy as np
+from numba import njit, prange
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def causal_product(a, b, c, reverse, eps, out, den, n_blocks):
+    """out_i = c_i^T sum_{j <= i} a_j b_j^T (j >= i if reverse), normalised if eps >= 0.
+
+    Cost: O(R N A B) time; O(A B) memory per unit, never a state per position (section 3.3.1).
+    """
+    rows, n, width_a = a.shape
+    width_b = out.shape[2]
+    block = -(-width_b // n_blocks)
+    for unit in prange(rows * n_blocks):
+        r, blk = divmod(np.int64(unit), n_blocks)  # prange counts unsigned
+        b0 = blk * block
+        b1 = min(width_b, b0 + block)
+        state = np.zeros((width_a, b1 - b0), dtype=out.dtype)   # S_i, columns b0 .. b1
+        z = np.zeros(width_a, dtype=out.dtype)                  # z_i = sum_j a_j, Eq. (11)
+        acc = np.empty((2, b1 - b0), dtype=out.dtype)
+        for t in range(n):
+            i = n - 1 - t if reverse else t
+            a_i, b_i, c_i = a[r, i], b[r, i, b0:b1], c[r, i]   # row views keep the loop SIMD
+            acc[:] = 0
+            d = eps
+            for f in range(width_a):
+                af, cf = a_i[f], c_i[f]
+                s_row = state[f]
+                part = acc[f % 2]                      # two partial sums: a shorter add chain
+                for m in range(b1 - b0):
+                    s = s_row[m] + af * b_i[m]         # S_i = S_{i-1} + a_i b_i^T, Eq. (10)
+                    s_row[m] = s
+                    part[m] += cf * s                  # c_i^T S_i, Eq. (12)
+                z[f] += af
+                d += cf * z[f]                         # c_i^T z_i + eps
+            out_i = out[r, i, b0:b1]
+            for m in range(b1 - b0):
+                out_i[m] = acc[0, m] + acc[1, m]
+                if eps >= 0:
+                    out_i[m] /= d
+            if blk == 0:
+                den[r, i] = d
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def global_product(a, b, c, eps, out, den, n_blocks):
+    """out_i = c_i^T sum_j a_j b_j^T over all j, normalised if eps >= 0: Eq. (5)-(6).
+
+    Two phases: accumulate S = sum_j a_j b_j^T and z (units over column blocks), then read
+    every position out (units over blocks of positions). Cost: O(R N A B) time, O(R A B) memory.
+    """
+    rows, n, width_a = a.shape
+    width_b = out.shape[2]
+    state = np.zeros((rows, width_a, width_b), dtype=out.dtype)
+    z = np.zeros((rows, width_a), dtype=out.dtype)
+    block = -(-width_b // n_blocks)
+    for unit in prange(rows * n_blocks):
+        r, blk = divmod(np.int64(unit), n_blocks)  # prange counts unsigned
+        b0 = blk * block
+        b1 = min(width_b, b0 + block)
+        for j in range(n):
+            a_j, b_j = a[r, j], b[r, j, b0:b1]
+            for f in range(width_a):
+                af = a_j[f]
+                s_row = state[r, f, b0:b1]
+                for m in range(b1 - b0):
+                    s_row[m] += af * b_j[m]                # S = sum_j a_j b_j^T, Eq. (6)
+                if blk == 0:
+                    z[r, f] += af                          # z = sum_j a_j
+    span = -(-n // n_blocks)
+    for unit in prange(rows * n_blocks):
+        r, blk = divmod(np.int64(unit), n_blocks)
+        acc = np.empty((2, width_b), dtype=out.dtype)
+        for i in range(blk * span, min(n, (blk + 1) * span)):
+            c_i, out_i = c[r, i], out[r, i]
+            acc[:] = 0
+            d = eps
+            for f in range(width_a):
+                cf = c_i[f]
+                s_row = state[r, f]
+                part = acc[f % 2]
+                for m in range(width_b):
+                    part[m] += cf * s_row[m]               # c_i^T S, Eq. (5)
+                d += cf * z[r, f]                          # c_i^T z + eps
+            for m in range(width_b):
+                out_i[m] = acc[0, m] + acc[1, m]
+                if eps >= 0:
+                    out_i[m] /= d
+            den[r, i] = d
