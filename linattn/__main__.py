@@ -1,9 +1,9 @@
-"""The command line: ``python -m linattn demo``."""
+"""The command line: ``python -m linattn {demo,bench} [options]``."""
 import sys
 
-from . import demo
+from . import bench, demo
 
-COMMANDS = {"demo": demo.main}
+COMMANDS = {"demo": demo.main, "bench": bench.main}
 
 
 def main(argv=None):

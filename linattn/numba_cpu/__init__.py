@@ -7,7 +7,7 @@ validate once and dispatch here (``linear._kernel``, ``softmax._kernel``).
 - ``loops``     method "linear" (and "recurrent"): the running sums as compiled loops,
                 ``products.causal_product`` and ``global_product``.
 - ``chunked``   method "chunked": the same products as blocked matrix products (BLAS).
-- this module   method "auto": loops or chunked, by the measured crossover below.
+- this module   method "auto": loops when causal, matrix products when not (``_form``).
 - ``step``      one RNN step, Eq. (16)-(19), in one call.
 - ``softmax``   softmax attention forward and backward in O(N) memory per worker.
 
@@ -22,23 +22,29 @@ from . import chunked, loops
 
 FORMS = {"linear": loops, "recurrent": loops, "chunked": chunked}
 
-# Measured on 2 cores (see ``python -m linattn.bench``): the loops win while F * M is small,
-# the blocked matrix products once the state is big enough for BLAS.
-CROSSOVER_FM = 128 * 128
 
 
-def _form(phi_k, v):
-    return chunked if phi_k.shape[-1] * v.shape[-1] >= CROSSOVER_FM else loops
+def _form(causal):
+    """Loops when causal, matrix products when not: measured with ``python -m linattn.bench``
+    (its crossover table) on a 2-core AMD EPYC, float32, N = 2048-4096, 1 and 8 heads.
+
+    Causal: the loops beat the blocks at D = M = 16-64 and tie from 128 up (to 512) on one
+    thread; on two threads they win at every width, since NumPy runs the blocks' small matrix
+    products one at a time. Non-causal: S = K^T V and Q S are two large matrix products that
+    beat the loops by 1.5-3x at every width measured (16-512). So there is no width crossover
+    on this machine, only the causal one.
+    """
+    return loops if causal else chunked
 
 
 def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=64, elu=False):
-    """Normalised linear attention by the loops or by blocks, whichever is faster at this
-    F x M (``CROSSOVER_FM``). Shapes (..., N, F), (..., N, M) -> (..., N, M)."""
-    return _form(phi_k, v).attend(phi_q, phi_k, v, causal=causal, eps=eps,
-                                  chunk_size=chunk_size, elu=elu)
+    """Normalised linear attention by the faster form (``_form``): (..., N, F), (..., N, M)
+    -> (..., N, M)."""
+    return _form(causal).attend(phi_q, phi_k, v, causal=causal, eps=eps,
+                                chunk_size=chunk_size, elu=elu)
 
 
 def attend_backward(dout, phi_q, phi_k, v, *, causal, eps, chunk_size=64, elu=False):
     """Backward of ``attend``: (dphi_q, dphi_k, dv), or (dq, dk, dv) with ``elu``."""
-    return _form(phi_k, v).attend_backward(dout, phi_q, phi_k, v, causal=causal, eps=eps,
-                                           chunk_size=chunk_size, elu=elu)
+    return _form(causal).attend_backward(dout, phi_q, phi_k, v, causal=causal, eps=eps,
+                                         chunk_size=chunk_size, elu=elu)

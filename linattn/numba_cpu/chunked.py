@@ -59,11 +59,11 @@ def product(a, b, c, *, reverse, eps, out, den, chunk_size):
     b = b[..., :width_b]
     if eps is not None:                                  # normaliser: one column of ones
         b = np.concatenate([b, np.ones((*b.shape[:-1], 1), dtype=b.dtype)], axis=-1)
-    if reverse:                                          # j >= i: run the sums backwards
-        a, b, c = a[:, ::-1], b[:, ::-1], c[:, ::-1]
     if chunk_size is None:                               # non-causal: all positions at once
         num = c @ (a.swapaxes(-1, -2) @ b)               # Eq. (6), (R, N, B + 1)
     else:
+        if reverse:                                      # j >= i: run the sums backwards
+            a, b, c = a[:, ::-1], b[:, ::-1], c[:, ::-1]
         ab, bb, cb = (_blocks(x, chunk_size) for x in (a, b, c))   # (R, nb, C, W)
         kv = ab.swapaxes(-1, -2) @ bb                    # (R, nb, A, B): each block's A^T B
         _exclusive_prefix_(kv)                           # S_b, the state entering block b
@@ -71,8 +71,8 @@ def product(a, b, c, *, reverse, eps, out, den, chunk_size):
         _tril_(scores)
         num = scores @ bb + cb @ kv                      # Eq. (9) within and across blocks
         num = num.reshape(num.shape[0], -1, num.shape[-1])[:, :n]
-    if reverse:
-        num = num[:, ::-1]
+        if reverse:
+            num = num[:, ::-1]
     if eps is None:
         out[...] = num
     else:

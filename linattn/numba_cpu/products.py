@@ -22,7 +22,9 @@ from numba import njit, prange
 def causal_product(a, b, c, reverse, eps, out, den, n_blocks):
     """out_i = c_i^T sum_{j <= i} a_j b_j^T (j >= i if reverse), normalised if eps >= 0.
 
-    Cost: O(R N A B) time; O(A B) memory per unit, never a state per position (section 3.3.1).
+    Positions go in pairs: one sweep over the state serves two of them, S_i then S_{i+1}
+    (an odd last position is paired with zeros). Cost: O(R N A B) time; O(A B) memory per
+    unit, never a state per position (section 3.3.1).
     """
     rows, n, width_a = a.shape
     width_b = out.shape[2]
@@ -33,29 +35,46 @@ def causal_product(a, b, c, reverse, eps, out, den, n_blocks):
         b1 = min(width_b, b0 + block)
         state = np.zeros((width_a, b1 - b0), dtype=out.dtype)   # S_i, columns b0 .. b1
         z = np.zeros(width_a, dtype=out.dtype)                  # z_i = sum_j a_j, Eq. (11)
-        acc = np.empty((2, b1 - b0), dtype=out.dtype)
-        for t in range(n):
-            i = n - 1 - t if reverse else t
+        acc = np.empty((2, 2, b1 - b0), dtype=out.dtype)        # (position, parity, column)
+        none_a, none_b = np.zeros(width_a, dtype=a.dtype), np.zeros(b1 - b0, dtype=b.dtype)
+        for t in range(0, n, 2):
+            i, j = (n - 1 - t, n - 2 - t) if reverse else (t, t + 1)
             a_i, b_i, c_i = a[r, i], b[r, i, b0:b1], c[r, i]   # row views keep the loop SIMD
+            a_j, b_j, c_j = none_a, none_b, none_a
+            if t + 1 < n:
+                a_j, b_j, c_j = a[r, j], b[r, j, b0:b1], c[r, j]
             acc[:] = 0
-            d = eps
+            d_i = d_j = eps
             for f in range(width_a):
-                af, cf = a_i[f], c_i[f]
+                ai, aj, ci, cj = a_i[f], a_j[f], c_i[f], c_j[f]
                 s_row = state[f]
-                part = acc[f % 2]                      # two partial sums: a shorter add chain
+                part_i, part_j = acc[0, f % 2], acc[1, f % 2]   # two partial sums each
                 for m in range(b1 - b0):
-                    s = s_row[m] + af * b_i[m]         # S_i = S_{i-1} + a_i b_i^T, Eq. (10)
+                    s = s_row[m] + ai * b_i[m]      # S_i = S_{i-1} + a_i b_i^T, Eq. (10)
+                    part_i[m] += ci * s             # c_i^T S_i, Eq. (12)
+                    s = s + aj * b_j[m]             # S_{i+1}
+                    part_j[m] += cj * s
                     s_row[m] = s
-                    part[m] += cf * s                  # c_i^T S_i, Eq. (12)
-                z[f] += af
-                d += cf * z[f]                         # c_i^T z_i + eps
-            out_i = out[r, i, b0:b1]
-            for m in range(b1 - b0):
-                out_i[m] = acc[0, m] + acc[1, m]
-                if eps >= 0:
-                    out_i[m] /= d
-            if blk == 0:
-                den[r, i] = d
+                z[f] += ai
+                d_i += ci * z[f]                    # c_i^T z_i + eps
+                z[f] += aj
+                d_j += cj * z[f]
+            _write(acc[0], d_i, eps, out[r, i, b0:b1])
+            if t + 1 < n:
+                _write(acc[1], d_j, eps, out[r, j, b0:b1])
+            if eps >= 0 and blk == 0:
+                den[r, i] = d_i
+                if t + 1 < n:
+                    den[r, j] = d_j
+
+
+@njit(cache=True, error_model="numpy")
+def _write(parts, d, eps, out_row):
+    """out_row = (parts[0] + parts[1]) / d, or unnormalised if eps < 0."""
+    for m in range(out_row.size):
+        out_row[m] = parts[0, m] + parts[1, m]
+        if eps >= 0:
+            out_row[m] /= d
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
@@ -102,4 +121,5 @@ def global_product(a, b, c, eps, out, den, n_blocks):
                 out_i[m] = acc[0, m] + acc[1, m]
                 if eps >= 0:
                     out_i[m] /= d
-            den[r, i] = d
+            if eps >= 0:
+                den[r, i] = d

@@ -56,18 +56,20 @@ def _step(q, k, v, s, z, eps, elu, out, s_new, z_new):
     """Rows r of: s_new = s + phi(k) v^T, z_new = z + phi(k)   Eq. (17)-(18)
     and out = phi(q)^T s_new / (phi(q)^T z_new + eps)           Eq. (19)."""
     rows, f_width = k.shape
+    acc = np.empty((2, v.shape[1]), dtype=out.dtype)           # two partial sums
     for r in range(rows):
-        out_r, v_r = out[r], v[r]
-        out_r[:] = 0
+        q_r, k_r, v_r = q[r], k[r], v[r]
+        acc[:] = 0
         den = eps
         for f in range(f_width):
-            phi_k = _phi(k[r, f], elu)
-            phi_q = _phi(q[r, f], elu)
-            s_row, new_row = s[r, f], s_new[r, f]
+            phi_k, phi_q = _phi(k_r[f], elu), _phi(q_r[f], elu)
+            s_row, new_row, part = s[r, f], s_new[r, f], acc[f % 2]
             for m in range(v_r.size):
-                new_row[m] = s_row[m] + phi_k * v_r[m]     # S_i = S_{i-1} + phi(k_i) v_i^T
-                out_r[m] += phi_q * new_row[m]             # phi(q_i)^T S_i
-            z_new[r, f] = z[r, f] + phi_k                  # z_i = z_{i-1} + phi(k_i)
-            den += phi_q * z_new[r, f]                     # phi(q_i)^T z_i + eps
+                s_m = s_row[m] + phi_k * v_r[m]     # S_i = S_{i-1} + phi(k_i) v_i^T
+                new_row[m] = s_m
+                part[m] += phi_q * s_m              # phi(q_i)^T S_i
+            z_new[r, f] = z[r, f] + phi_k           # z_i = z_{i-1} + phi(k_i)
+            den += phi_q * z_new[r, f]              # phi(q_i)^T z_i + eps
+        out_r = out[r]
         for m in range(v_r.size):
-            out_r[m] /= den
+            out_r[m] = (acc[0, m] + acc[1, m]) / den
