@@ -84,9 +84,9 @@ def measure(name, q, k, v, dout, repeats, memory=True):
     start = time.perf_counter()
     both()                                                    # warm-up, and a size probe
     reps = repeats if time.perf_counter() - start < 2.0 else 1
-    row = {"case": name, "n": q.shape[-2],
-           "forward_s": timing.seconds(lambda: forward(q, k, v), reps, warmup=0),
-           "forward_backward_s": timing.seconds(both, reps, warmup=0)}
+    row = {"case": name, "n": q.shape[-2]}
+    row["forward_s"], row["forward_best_s"] = timing.seconds(lambda: forward(q, k, v), reps, 0)
+    row["forward_backward_s"], row["forward_backward_best_s"] = timing.seconds(both, reps, 0)
     row["peak_extra_bytes"] = timing.peak_bytes(both) if memory else None
     return row
 
@@ -134,6 +134,7 @@ def generation(cfg, progress):
     q, k, v, _ = inputs(1, cfg.heads, n, cfg.dim, cfg.value_dim, cfg.dtype, seed=1)
     rows = []
     progress.step(f"generation: RNN step x {n}")
+    linear_attention_step(q[:, :, 0], k[:, :, 0], v[:, :, 0])    # warm-up: load the kernel
     state, per_token = None, np.empty(n)
     for t in range(n):
         start = time.perf_counter()
@@ -148,10 +149,10 @@ def generation(cfg, progress):
         prefix = q[:, :, :t], k[:, :, :t], v[:, :, :t]
         f = functools.partial(softmax_cache_step, q[:, :, t - 1], *prefix[1:])
         rows.append({"case": "softmax kv-cache numpy", "position": t,
-                     "seconds_per_token": timing.seconds(f, cfg.repeats)})
+                     "seconds_per_token": timing.seconds(f, cfg.repeats)[0]})
         f = functools.partial(linear_attention, *prefix, causal=True)
         rows.append({"case": "recompute prefix numba", "position": t,
-                     "seconds_per_token": timing.seconds(f, cfg.repeats)})
+                     "seconds_per_token": timing.seconds(f, cfg.repeats)[0]})
     summary = {"median_s": float(np.median(per_token)),
                "first_1024_median_s": float(np.median(per_token[:1024])),
                "last_1024_median_s": float(np.median(per_token[-1024:]))}

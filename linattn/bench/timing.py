@@ -1,6 +1,8 @@
 """How the benchmark measures: wall time, peak memory, the machine, and its matmul ceiling.
 
-- ``seconds``: median wall time of a call, after warm-up calls (compilation, caches).
+- ``seconds``: median and best wall time of a call, after warm-up calls (compilation,
+  caches). Tables show medians; the targets compare best times, which other processes on a
+  shared machine disturb least.
 - ``peak_bytes``: the largest amount of NumPy memory a call holds beyond what existed
   before it (``tracemalloc`` sees every NumPy array, including those the kernels write
   into; the few small buffers Numba allocates inside a compiled loop are not counted).
@@ -18,15 +20,11 @@ import numpy as np
 
 
 def seconds(f, repeats=5, warmup=1):
-    """Median wall time of ``f()`` over ``repeats`` calls, after ``warmup`` calls."""
+    """(median, best) wall time of ``f()`` over ``repeats`` calls, after ``warmup`` calls."""
     for _ in range(warmup):
         f()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    times = [_time_once(f) for _ in range(repeats)]
+    return float(np.median(times)), min(times)
 
 
 def peak_bytes(f):

@@ -5,8 +5,8 @@ in blocks of C = ``chunk_size`` positions.
 For blocks b with A_b, C_b (C, A), B_b (C, B) and the state entering block b,
 S_b = sum_{c < b} A_c^T B_c (a prefix over blocks, one compiled pass):
     out_b = tril(C_b A_b^T) B_b + C_b S_b.
-Non-causal, S = A^T B over all positions and out = C S: two matrix products.
-Where it wins: large widths, see the package docstring for the measured crossover.
+Non-causal, S = A^T B over all positions and out = C S: two matrix products, which is what
+the Numba backend runs by default then (see ``numba_cpu._form`` for the measurements).
 The normaliser is one more column of ones in B. Oracle: ``forms.quadratic``.
 """
 import functools
@@ -40,7 +40,7 @@ def _exclusive_prefix_(kv):
 
 @njit(cache=True, error_model="numpy")
 def _tril_(scores):
-    """Zero above the diagonal of each (C, C) block, in place (a select: NaN * 0 is NaN)."""
+    """Zero above the diagonal of each (C, C) block, in place (assigned: NaN * 0 is NaN)."""
     c = scores.shape[-1]
     flat = scores.reshape(-1, c, c)
     zero = scores.dtype.type(0)
