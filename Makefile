@@ -1,11 +1,12 @@
 # Two commands do all the set-up on a fresh machine; each creates .venv when it is missing.
-#   make figures   the main job: regenerates figures/ from fresh measurements
+#   make figures   the main job: regenerates figures/ from fresh measurements and
+#                  re-executes the notebooks in place
 #   make test      the test suite
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: figures test demo
+.PHONY: figures notebooks test demo
 
 $(VENV)/installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -13,8 +14,11 @@ $(VENV)/installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,notebooks]'
 	touch $@
 
-figures: $(VENV)/installed
-	$(PY) -m linattn demo
+figures: $(VENV)/installed notebooks
+	$(PY) -m linattn.figures
+
+notebooks: $(VENV)/installed
+	$(PY) -m jupyter nbconvert --to notebook --execute --inplace notebooks/*.ipynb
 
 test: $(VENV)/installed
 	$(PY) -m pytest -q

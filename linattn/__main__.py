@@ -1,9 +1,11 @@
-"""The command line: ``python -m linattn {demo,bench} [options]``."""
+"""The command line: ``python -m linattn {demo,figures,bench,train,generate,speed}``."""
 import sys
 
-from . import bench, demo
+from . import bench, demo, figures
+from .model import cli
 
-COMMANDS = {"demo": demo.main, "bench": bench.main}
+COMMANDS = {"demo": demo.main, "figures": figures.main, "bench": bench.main,
+            "train": cli.train_main, "generate": cli.generate_main, "speed": cli.speed_main}
 
 
 def main(argv=None):

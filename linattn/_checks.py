@@ -21,14 +21,15 @@ def array_module(x):
 
 
 def resolve_backend(backend, xp):
-    """The backend that runs, "numpy", "numba" or "cupy", for arrays of module ``xp``.
+    """"numba" or "numpy": the CPU backend that runs ``backend`` (a valid name) for arrays
+    of module ``xp``, once ``cuda.launch.wants_cupy`` has decided the call stays off the GPU.
 
-    "auto" is "cupy" for CuPy arrays, else "numba" when numba imports, else "numpy". Numba is
-    imported here, on first use, not by ``import linattn`` (it costs about 0.3 s).
+    "auto" is "numba" for NumPy arrays when numba imports, else "numpy" (the NumPy forms also
+    run on CuPy arrays through ``xp``). Numba is imported here, on first use, not by
+    ``import linattn``, which it would slow down by about 0.3 s.
     """
-    check_choice("backend", backend, BACKENDS)
     if backend == "auto":
-        return "cupy" if xp is not np else ("numba" if _numba_imports() else "numpy")
+        return "numba" if xp is np and _numba_imports() else "numpy"
     if backend == "numba" and xp is not np:
         raise TypeError("backend 'numba' runs on NumPy arrays; CuPy arrays need 'cupy' or 'auto'")
     if backend == "numba" and not _numba_imports():

@@ -12,36 +12,41 @@ import numbers
 
 from . import _checks
 from .feature_maps import EluPlusOne, get_feature_map
+from .cuda import chunked as cuda_chunked, cumulative as cuda_cumulative
+from .cuda import launch as cuda_launch, step as cuda_step
 from .forms import chunked, cumulative, quadratic, recurrent
 from .forms.recurrent import State
 
 _NUMPY_FORMS = {"quadratic": quadratic, "linear": cumulative, "chunked": chunked,
                 "recurrent": recurrent}
+# backend="cupy": v1 (one thread per column) for the running-sum methods, v2 (chunked scan)
+# for "chunked"; "quadratic" is the NumPy oracle running on CuPy arrays.
+_CUPY_FORMS = {"quadratic": quadratic, "linear": cuda_cumulative, "chunked": cuda_chunked,
+               "recurrent": cuda_cumulative}
 
 
 def _kernel(method, backend, causal, xp):
     """(module, backend): the module whose ``attend``/``attend_backward`` compute ``method``
-    on ``backend``, and the backend's name once "auto" is resolved (``_checks``).
+    on ``backend``, and the name of the backend that runs, "auto" resolved.
 
-    Numba runs "linear" and "recurrent" (the same compiled loops), "chunked" and "auto"
-    (loops or chunked by size); asked for another method, "auto" falls back to NumPy.
+    "cupy", or "auto" with CuPy arrays, runs the CUDA kernels; otherwise "auto" is Numba when
+    it imports (``_checks.resolve_backend``). Numba runs "linear" and "recurrent" (the same
+    compiled loops), "chunked" and its own "auto"; asked for "quadratic", "auto" runs NumPy.
     """
     _checks.check_choice("method", method, _checks.METHODS)
-    resolved = _checks.resolve_backend(backend, xp)
-    if resolved == "numba":
+    _checks.check_choice("backend", backend, _checks.BACKENDS)
+    numpy_method = ("chunked" if causal else "linear") if method == "auto" else method
+    if cuda_launch.wants_cupy(backend, xp):     # "cupy", or "auto" with CuPy arrays
+        return _CUPY_FORMS[numpy_method], "cupy"
+    if _checks.resolve_backend(backend, xp) == "numba":
         from . import numba_cpu  # compiled kernels: imported on first use
         forms = {**numba_cpu.FORMS, "auto": numba_cpu}
         if method in forms:
-            return forms[method], resolved
+            return forms[method], "numba"
         if backend == "numba":
             raise ValueError(f"method {method!r} has no numba kernel; numba runs "
                              f"{', '.join(forms)}; use backend='numpy' for {method!r}")
-        resolved = "numpy"
-    # "cupy": the CUDA kernels of linattn/cuda plug in here; until then the NumPy forms
-    # run on CuPy arrays through ``xp``.
-    if method == "auto":
-        method = "chunked" if causal else "linear"
-    return _NUMPY_FORMS[method], resolved
+    return _NUMPY_FORMS[numpy_method], "numpy"
 
 
 def _fused(backend, phi):
@@ -79,10 +84,11 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
         (the oracle), "linear" uses running sums, "chunked" blocks of ``chunk_size``
         positions, "recurrent" scans ``linear_attention_step``. "auto" picks the fastest.
     backend : {"auto", "numpy", "numba", "cupy"}
-        Where it runs. "auto" is Numba's compiled kernels when numba imports (then "auto"
-        method picks its loops or blocks by size), NumPy otherwise, and "cupy" for CuPy
-        arrays. Numba runs the methods "linear" and "recurrent" (the same loops), "chunked"
-        and "auto"; with backend "auto" the others run on NumPy.
+        "cupy" runs CUDA kernels on CuPy arrays ("chunked" and "auto": the chunked scan;
+        "linear" and "recurrent": one thread per column). "numba" runs compiled loops on all
+        cores ("linear", "recurrent": the running sums; "chunked": matrix products; "auto":
+        the loops when causal, the products when not). "auto" is "cupy" for CuPy arrays, else
+        "numba" when numba imports, else "numpy"; a method Numba lacks runs on NumPy.
     chunk_size : int
         Block length of ``method="chunked"``.
 
@@ -158,7 +164,9 @@ def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps
     feature_map, eps
         As for ``linear_attention``.
     backend : {"auto", "numpy", "numba", "cupy"}
-        "numba" runs the whole step, elu+1 included, as one compiled call.
+        "cupy" (and "auto" with CuPy arrays) runs one fused kernel over all sequences at
+        once; "numba" (and "auto" when numba imports) one compiled call, elu+1 included;
+        "numpy" the NumPy step.
 
     Returns
     -------
@@ -170,17 +178,23 @@ def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps
     """
     (q_t, k_t, v_t), out_dtype = _checks.check_step(q_t, k_t, v_t)
     xp = _checks.array_module(q_t)
-    backend = _checks.resolve_backend(backend, xp)
+    _checks.check_choice("backend", backend, _checks.BACKENDS)
+    if cuda_launch.wants_cupy(backend, xp):
+        backend, step = "cupy", cuda_step.step
+    elif _checks.resolve_backend(backend, xp) == "numba":
+        from .numba_cpu import step as numba_step  # compiled: imported on first use
+        backend, step = "numba", numba_step.step
+    else:
+        backend, step = "numpy", recurrent.step
     phi = get_feature_map(feature_map)
     fused = _fused(backend, phi)
     phi_q, phi_k = (q_t, k_t) if fused else (phi.forward(q_t), phi.forward(k_t))
     lead, f, m = q_t.shape[:-1], phi_k.shape[-1], v_t.shape[-1]
     state = _as_state(state, (*lead, f, m), q_t.dtype, xp)
-    if backend == "numba":
-        from .numba_cpu import step
-        out, state = step.step(phi_q, phi_k, v_t, state, eps, elu=fused)
-    else:  # "cupy" runs the NumPy step on CuPy arrays until linattn/cuda provides one
-        out, state = recurrent.step(phi_q, phi_k, v_t, state, eps)
+    if fused:                    # raw q_t and k_t: the kernel applies elu+1
+        out, state = step(phi_q, phi_k, v_t, state, eps, elu=True)
+    else:
+        out, state = step(phi_q, phi_k, v_t, state, eps)
     return out.astype(out_dtype, copy=False), state
 
 
@@ -193,6 +207,9 @@ def _as_state(state, s_shape, dtype, xp):
     if not (isinstance(state, tuple) and len(state) == 2):
         raise TypeError(f"state must be None or {want}, got {type(state).__name__}")
     s, z = (_checks.as_float_array(n, a) for n, a in zip(("state.S", "state.z"), state))
+    if _checks.array_module(s) is not xp or _checks.array_module(z) is not xp:
+        raise TypeError(f"state must hold {xp.__name__} arrays like q_t, k_t and v_t, got "
+                        f"{type(s).__name__} and {type(z).__name__}")
     if s.shape != s_shape or z.shape != s_shape[:-1]:
         raise ValueError(f"state must be {want} for these inputs and feature map, "
                          f"got S {s.shape}, z {z.shape}")

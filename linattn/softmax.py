@@ -6,7 +6,8 @@ Reference: the NumPy functions here are their own oracle; tests hold them to a l
 transcription of Eq. (3) and the backward to central finite differences. ``backend="numba"``
 runs ``numba_cpu.softmax``, which never holds the N x N matrix; this module is its oracle.
 """
-from ._checks import array_module, check_qkv, resolve_backend
+from ._checks import BACKENDS, array_module, check_choice, check_qkv, resolve_backend
+from .cuda import launch as cuda_launch, softmax as cuda_softmax
 
 
 def _probabilities(q, k, causal, scale):
@@ -46,8 +47,12 @@ def attend_backward(dout, q, k, v, *, causal, scale):
 
 
 def _kernel(backend, xp):
-    """(attend, attend_backward) for ``backend``: "auto" is Numba when it imports; CuPy arrays
-    run the NumPy pair through ``xp`` until linattn/cuda provides one."""
+    """(attend, attend_backward) for ``backend``: ``linattn.cuda.softmax`` for "cupy" (and
+    "auto" with CuPy arrays), ``numba_cpu.softmax`` for "numba" (and "auto" when numba
+    imports), the NumPy pair above otherwise."""
+    check_choice("backend", backend, BACKENDS)
+    if cuda_launch.wants_cupy(backend, xp):
+        return cuda_softmax.softmax_attention, cuda_softmax.softmax_attention_backward
     if resolve_backend(backend, xp) == "numba":
         from .numba_cpu import softmax as numba_softmax  # compiled: imported on first use
         return numba_softmax.attend, numba_softmax.attend_backward
@@ -67,8 +72,9 @@ def softmax_attention(q, k, v, *, causal=False, scale=None, backend="auto"):
     causal : bool
     scale : float, optional
     backend : {"auto", "numpy", "numba", "cupy"}
-        "numba" streams one row of logits at a time (O(N) memory per worker); "auto" picks it
-        when numba imports.
+        "cupy" (and "auto" with CuPy arrays) runs ``linattn.cuda.softmax``; "numba" (and
+        "auto" when numba imports) streams one row of logits at a time, O(N) memory per
+        worker; "numpy" builds the N x N matrix.
 
     Returns
     -------

@@ -12,7 +12,7 @@ the compute dtype and make the rows. NumPy's ``forms.normaliser`` is the oracle.
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 
 def _rows(x):
@@ -68,13 +68,16 @@ def _backward_inputs(dout, out, den, v):
     return dnum1, v1
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy")
 def _fill_backward_inputs(dout, out, den, v, dnum1, v1):
-    """dnum1 = [dout / den, -dout . out / den] and v1 = [v, 1], row by row. (R, N, M + 1)."""
+    """dnum1 = [dout / den, -dout . out / den] and v1 = [v, 1], row by row. (R, N, M + 1).
+
+    Serial, like every pass here but the products: it is memory-bound, and idle Numba
+    threads would spin beside the BLAS threads of the matrix-product form.
+    """
     rows, n, m = v.shape
     one = v.dtype.type(1)
-    for unit in prange(rows * n):
-        r, i = divmod(np.int64(unit), n)  # prange counts unsigned
+    for r, i in np.ndindex(rows, n):
         d = den[r, i]
         dot = v.dtype.type(0)
         for j in range(m):

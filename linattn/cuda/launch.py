@@ -1,0 +1,100 @@
+"""Compiling and launching the CUDA sources of ``linattn/cuda/*.cu``, and the one place that
+decides whether a call runs on the GPU and says clearly why it cannot.
+
+Each ``.cu`` file is compiled by CuPy (NVRTC) once per dtype, with ``-DLINATTN_REAL=float`` or
+``double`` naming its scalar type ``real``; CuPy also caches the binary on disk. The nvcc test
+compiles the same files with the same ``options``. CuPy is imported only inside functions.
+"""
+import functools
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .._checks import array_module
+
+THREADS = 256    # every kernel's block size (THREADS in the .cu files)
+TILE = 64        # chunk length and tile width of the chunked kernels (TILE in causal_product.cu)
+SOURCES = ("causal_product.cu", "rnn_step.cu", "softmax.cu")
+_REAL = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+
+
+def wants_cupy(backend, xp):
+    """True when the call runs on the GPU: ``backend="cupy"``, or ``"auto"`` with CuPy arrays.
+
+    For "cupy" it checks, in this order, that CuPy is installed (ImportError), that it sees a
+    GPU (RuntimeError) and that the inputs are CuPy arrays (TypeError: linattn never copies
+    between host and device behind your back). ``backend`` is already a valid name.
+    """
+    if backend == "auto":
+        return xp.__name__ == "cupy"
+    if backend != "cupy":
+        return False
+    require_cupy()
+    if xp.__name__ != "cupy":
+        raise TypeError("backend='cupy' takes CuPy arrays, got NumPy arrays; move them to the GPU "
+                        "with cupy.asarray(x) (linattn makes no hidden host-device copies)")
+    return True
+
+
+def require_cupy():
+    """The cupy module, or an ImportError / RuntimeError naming what is missing."""
+    try:
+        import cupy
+    except ImportError as err:
+        raise ImportError("backend='cupy' needs CuPy, which is not installed; install the "
+                          "build matching your CUDA, e.g. pip install cupy-cuda12x") from err
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except RuntimeError as err:   # CuPy's CUDARuntimeError: no driver, no device, ...
+        raise RuntimeError(f"backend='cupy' needs an NVIDIA GPU, but CUDA reports: {err}") from err
+    if count < 1:
+        raise RuntimeError("backend='cupy' needs an NVIDIA GPU, but CUDA reports none")
+    return cupy
+
+
+def options(dtype):
+    """The compiler options of every source for ``dtype`` (float32 or float64)."""
+    return ("-std=c++17", f"-DLINATTN_REAL={_REAL[np.dtype(dtype)]}")
+
+
+def source_path(name):
+    """The path of the CUDA source ``name`` (one of SOURCES)."""
+    return Path(__file__).with_name(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _module(name, dtype_name):
+    cupy = require_cupy()
+    return cupy.RawModule(code=source_path(name).read_text(), options=options(dtype_name))
+
+
+def kernel(name, function, dtype):
+    """The compiled kernel ``function`` of source ``name`` for ``dtype``, compiled on first use."""
+    return _module(name, np.dtype(dtype).name).get_function(function)
+
+
+def launch(name, function, grid, args):
+    """Launch ``function`` of source ``name`` on ``grid`` blocks of THREADS threads.
+
+    ``args`` are CuPy arrays (all of one dtype, which picks the compiled version), None for a
+    null pointer, Python ints (passed as 32-bit ints, or 64-bit where the kernel takes an
+    ``index_t``: pass those as numpy.int64) and Python floats (passed as the arrays' dtype).
+    """
+    dtype = next(a.dtype for a in args if hasattr(a, "dtype") and not np.isscalar(a))
+    real = dtype.type
+    typed = tuple(real(a) if isinstance(a, float) else np.int32(a) if isinstance(a, int)
+                  else a for a in args)
+    grid = tuple(int(g) for g in grid)
+    if min(grid) > 0:
+        kernel(name, function, dtype)(grid, (THREADS,), typed)
+
+
+def blocks(count):
+    """Blocks of THREADS threads that cover ``count`` threads."""
+    return math.ceil(count / THREADS)
+
+
+def heads(x):
+    """(..., N, W) -> contiguous (H, N, W), H the product of the leading axes."""
+    return array_module(x).ascontiguousarray(x.reshape(math.prod(x.shape[:-2]), *x.shape[-2:]))

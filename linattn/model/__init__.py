@@ -1,0 +1,23 @@
+"""A linear transformer trained by hand-written backpropagation and generating as an RNN:
+the experiments of section 4 of Katharopoulos et al. (2020), arXiv:2006.16236, in NumPy.
+
+Modules, in the order the data flows: ``layers`` (linear, layer norm, GELU/ReLU, embedding,
+cross-entropy), ``attention`` (multi-head wrapper over the core), ``transformer`` (the model),
+``optim`` (Adam), ``checkpoint``, ``train``, ``generate`` (RNN form, key/value cache,
+recomputation), ``tasks`` (copy task, digits), ``speed`` (generation timing), ``cli``.
+"""
+from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from .config import ModelConfig
+from .generate import generate
+from .optim import AdamConfig, AdamState, adam_init, adam_update
+from .tasks import CopyTask, DigitsTask, load_digits
+from .train import TrainConfig, copy_task_curves, evaluate, read_log, run
+from .transformer import backward, forward, init_params, loss_and_grads
+
+__all__ = [
+    "ModelConfig", "init_params", "forward", "backward", "loss_and_grads",
+    "AdamConfig", "AdamState", "adam_init", "adam_update",
+    "save_checkpoint", "load_checkpoint", "CheckpointError",
+    "TrainConfig", "run", "evaluate", "read_log", "copy_task_curves", "generate",
+    "CopyTask", "DigitsTask", "load_digits",
+]

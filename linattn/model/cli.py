@@ -1,0 +1,167 @@
+"""The command line of the model: ``train``, ``generate`` and ``speed``.
+
+    python -m linattn train copy --attention linear          # -> runs/copy/linear/
+    python -m linattn train digits --attention softmax       # -> runs/digits/softmax/
+    python -m linattn generate --checkpoint runs/digits/linear/checkpoint.npz --n 16
+    python -m linattn speed --lengths 64 1024 8192
+
+``train`` writes ``checkpoint.npz`` and ``log.csv`` (the loss curve) to ``--out``; the
+checkpoint's ``meta`` records the task, so ``generate`` knows what to write: a PNG grid of
+digits (matplotlib, imported only then) or copy-task continuations with their accuracy.
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+from .checkpoint import load_checkpoint
+from .config import ATTENTIONS, ModelConfig
+from .generate import METHODS, generate
+from .optim import AdamConfig
+from .tasks import batch_rng, load_digits
+from .train import (DEFAULT_ADAM, DEFAULT_COPY, TrainConfig, copy_setup, evaluate,
+                    held_out_batches, run)
+
+
+
+def _train_parser():
+    ap = argparse.ArgumentParser(prog="python -m linattn train",
+                                 description="Train a linear or softmax transformer.")
+    ap.add_argument("task", choices=("copy", "digits"))
+    ap.add_argument("--attention", choices=ATTENTIONS, default="linear")
+    ap.add_argument("--feature-map", default="elu+1")
+    ap.add_argument("--paper", action="store_true",
+                    help="the paper's copy model: 4 layers, 8 heads of 32, 128 positions")
+    ap.add_argument("--length", type=int, help="copy: longest string to copy")
+    ap.add_argument("--fixed-length", action="store_true",
+                    help="copy: every string has the full length")
+    for name in ("d_model", "n_layers", "n_heads", "d_mlp"):
+        ap.add_argument("--" + name.replace("_", "-"), type=int)
+    ap.add_argument("--positions", choices=("sinusoidal", "learned"), default="learned")
+    ap.add_argument("--steps", type=int,
+                    help="updates (default: copy 3000; digits 800, past which 1500 "
+                         "training images overfit)")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=DEFAULT_ADAM.lr)
+    ap.add_argument("--warmup", type=int, default=DEFAULT_ADAM.warmup)
+    ap.add_argument("--clip", type=float, default=DEFAULT_ADAM.clip)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--checkpoint-every", type=int, default=500)
+    ap.add_argument("--out", help="output directory (default runs/TASK/ATTENTION)")
+    ap.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.npz")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    return ap
+
+
+def _task(args):
+    """The task and model config that the (stored) training arguments describe."""
+    sizes = {k: args[k] for k in DEFAULT_COPY if args.get(k) is not None}
+    choices = dict(feature_map=args["feature_map"], positions=args["positions"])
+    if args["task"] == "copy":
+        return copy_setup(args["attention"], args["paper"], not args["fixed_length"],
+                          **sizes, **choices)
+    task = load_digits()
+    sizes = {**DEFAULT_COPY, **sizes}
+    sizes.pop("length")
+    return task, ModelConfig(vocab_size=task.vocab_size, max_len=task.seq_len,
+                             attention=args["attention"], **sizes, **choices)
+
+
+def train_main(argv=None):
+    """``python -m linattn train copy|digits ...``: train, checkpoint, log the loss curve."""
+    args = vars(_train_parser().parse_args(argv))
+    task, cfg = _task(args)
+    out = args["out"] or os.path.join("runs", args["task"], args["attention"])
+    steps = args["steps"] or (3000 if args["task"] == "copy" else 800)
+    train_cfg = TrainConfig(steps=steps, batch_size=args["batch_size"],
+                            seed=args["seed"], eval_every=args["eval_every"],
+                            checkpoint_every=args["checkpoint_every"])
+    adam = AdamConfig(lr=args["lr"], warmup=args["warmup"], clip=args["clip"])
+    print(f"training {cfg.attention} attention on {args['task']} "
+          f"({cfg.n_layers} layers, {cfg.n_heads} heads of {cfg.d_head}, N = {task.seq_len})"
+          f" -> {out}", file=sys.stderr)
+    params, _ = run(cfg, task, train_cfg, adam, out_dir=out, resume=args["resume"],
+                    progress=not args["quiet"], meta={"train_args": args})
+    loss, accuracy = evaluate(params, cfg, held_out_batches(task, train_cfg))
+    score = (f"{loss / np.log(2):.4f} bits/dim" if args["task"] == "digits"
+             else f"loss {loss:.4f} nats/token, accuracy {accuracy:.4f}")
+    print(f"held-out after {steps} steps: {score}", file=sys.stderr)
+    return 0
+
+
+def _digits_png(tokens, path):
+    """Save generated digits (B, 64) as a grid of 8x8 grey images."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    n = len(tokens)
+    cols = int(np.ceil(np.sqrt(n)))
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(cols, rows), dpi=100, squeeze=False)
+    for ax, i in zip(axes.ravel(), range(rows * cols)):
+        ax.axis("off")
+        if i < n:
+            ax.imshow(tokens[i].reshape(8, 8), cmap="gray_r", vmin=0, vmax=16)
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+
+
+def generate_main(argv=None):
+    """``python -m linattn generate --checkpoint PATH --n N``: write samples."""
+    ap = argparse.ArgumentParser(prog="python -m linattn generate",
+                                 description="Generate from a trained checkpoint.")
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--n", type=int, default=16, help="number of samples")
+    ap.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--method", choices=METHODS, default="auto")
+    ap.add_argument("--out", help="output file (default: beside the checkpoint)")
+    args = ap.parse_args(argv)
+    ckpt = load_checkpoint(args.checkpoint)
+    train_args = ckpt.meta.get("train_args")
+    if train_args is None:
+        raise SystemExit(f"{args.checkpoint} records no training task; cannot generate")
+    task, _ = _task(train_args)
+    base = os.path.join(os.path.dirname(args.checkpoint), "samples")
+    if train_args["task"] == "digits":
+        prompt = np.full((args.n, 1), task.start)
+        tokens = generate(ckpt.params, ckpt.config, prompt, task.seq_len,
+                          method=args.method, temperature=args.temperature, seed=args.seed)
+        out = args.out or base + ".png"
+        _digits_png(tokens[:, 1:], out)
+    else:
+        prompt, w = task.prompts(batch_rng(args.seed, 0, stream=2), args.n)
+        tokens = generate(ckpt.params, ckpt.config, prompt, task.length,
+                          method=args.method, temperature=args.temperature, seed=args.seed)
+        copied = tokens[:, prompt.shape[1]:]
+        out = args.out or base + ".txt"
+        with open(out, "w") as f:
+            for row, want in zip(copied, w):
+                f.write(f"{' '.join(map(str, want))} -> {' '.join(map(str, row))}\n")
+        print(f"copy accuracy {np.mean(copied == w):.4f} over {args.n} strings",
+              file=sys.stderr)
+    print(f"wrote {args.n} samples to {out}", file=sys.stderr)
+    return 0
+
+
+def speed_main(argv=None):
+    """``python -m linattn speed``: sequences/s of the three generation forms (JSON out)."""
+    from .speed import generation_speed
+    ap = argparse.ArgumentParser(prog="python -m linattn speed",
+                                 description="Generation speed: RNN vs softmax forms.")
+    ap.add_argument("--lengths", type=int, nargs="+", default=[64, 1024, 8192])
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--budget", type=float, default=60.0,
+                    help="seconds per measurement; longer ones are extrapolated")
+    ap.add_argument("--out", default=os.path.join("runs", "generation_speed.json"))
+    args = ap.parse_args(argv)
+    rows = generation_speed(args.lengths, args.batch_size, args.budget)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(rows, f, indent=1)
+    for r in rows:
+        print(json.dumps(r), file=sys.stderr)
+    return 0

@@ -1,0 +1,90 @@
+"""Figures: each function writes a PNG and a CSV that reads back the numbers it was given."""
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from linattn import figures  # noqa: E402
+
+
+def _rows(columns, x, xs):
+    """Synthetic rows for a schema: two curves, one with a missing value and a repeat."""
+    rows = []
+    for name, power in (("quadratic", 2.0), ("linear", 1.0)):
+        for i, xv in enumerate(xs):
+            row = {"name": name, x: xv}
+            for j, c in enumerate(c for c in columns if c not in ("name", x)):
+                row[c] = (1 + j) * 1e-6 * xv ** power + 1e-9 * i
+            rows.append(row)
+    rows[0][columns[-1]] = None                        # a missing value is left out
+    rows.append({**rows[1], columns[-1]: 2.5 * rows[1][columns[-1]]})  # a repeat: a band
+    return rows
+
+
+CASES = [
+    (figures.time_vs_n, figures.TIME_COLUMNS, "n"),
+    (figures.memory_vs_n, figures.MEMORY_COLUMNS, "n"),
+    (figures.time_per_token, figures.TOKEN_COLUMNS, "position"),
+    (figures.feature_map_error, figures.FEATURE_MAP_COLUMNS, "n_features"),
+]
+
+
+@pytest.mark.parametrize("draw, columns, x", CASES, ids=[c[0].__name__ for c in CASES])
+def test_figure_writes_png_and_csv_that_round_trips(tmp_path, draw, columns, x):
+    rows = _rows(columns, x, [1, 2, 4, 8, 16])
+    png, table = draw(rows, tmp_path / "sub" / draw.__name__, title="synthetic")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    back, meta = figures.read_csv(table)
+    assert meta["figure"] == draw.__name__ and {"date", "machine"} <= set(meta)
+    assert len(back) == len(rows)
+    for got, want in zip(back, rows):
+        assert set(got) == set(columns)
+        for key in columns:
+            assert got[key] == want.get(key), (key, got, want)
+
+
+def test_csv_keeps_extra_keys_nan_and_numpy_scalars(tmp_path):
+    rows = [{"name": "a", "n": np.int64(3), "seconds_fwd": np.float64(0.1), "dtype": "float32"},
+            {"name": "b", "n": 5, "seconds_fwd": math.nan, "dtype": "float64"}]
+    table = tmp_path / "t.csv"
+    figures.write_csv(table, rows, figures.TIME_COLUMNS, {"figure": "t"})
+    back, _ = figures.read_csv(table)
+    assert back[0] == {"name": "a", "n": 3, "seconds_fwd": 0.1, "seconds_fwdbwd": None,
+                       "dtype": "float32"}
+    assert math.isnan(back[1]["seconds_fwd"])
+
+
+def test_slope_is_fitted_over_the_larger_half():
+    xs = np.array([1.0, 2, 4, 8, 16, 32])
+    ys = np.where(xs < 8, 1.0, xs ** 2)                # flat overhead, then quadratic
+    assert figures.slope(xs, ys) == pytest.approx(2.0)
+    assert figures.slope(np.array([4.0]), np.array([1.0])) is None
+
+
+@pytest.mark.parametrize("rows, match", [
+    ([], "no rows"),
+    ([{"n": 4, "seconds_fwd": 1.0}], "'name'"),
+    ([{"name": "a", "seconds_fwd": 1.0}], "'n'"),
+    ([{"name": "a", "n": 0, "seconds_fwd": 1.0}], "positive"),
+    ([{"name": "a", "n": 4, "seconds_fwd": None}], "no values"),
+])
+def test_bad_rows_are_a_clear_error(tmp_path, rows, match):
+    with pytest.raises(ValueError, match=match):
+        figures.time_vs_n(rows, tmp_path / "t")
+
+
+def test_feature_map_error_measures_favor_converging(tmp_path):
+    rows = figures.measure_feature_map_error(n_features=(4, 1024), seeds=range(2), n=16)
+    favor = {f: np.median([r["kernel_error"] for r in rows
+                           if r["name"] == "favor" and r["n_features"] == f]) for f in (4, 1024)}
+    assert favor[1024] < 0.5 * favor[4]
+    assert {r["name"] for r in rows} == {"favor", "taylor", "elu+1", "relu"}
+
+
+def test_main_quick_writes_the_feature_map_figure(tmp_path, capsys):
+    assert figures.main(["--quick", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "feature_map_error.png").exists()
+    assert (tmp_path / "feature_map_error.csv").exists()
+    assert "[1/" in capsys.readouterr().out

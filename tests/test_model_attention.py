@@ -1,0 +1,70 @@
+"""The multi-head attention layer: head split/merge and its backward against central
+finite differences, for softmax and every feature map of linear attention (float64)."""
+import numpy as np
+import pytest
+
+from conftest import FEATURE_MAP_NAMES, assert_gradients_match
+from linattn.model.attention import attention, attention_backward, merge_heads, split_heads
+from linattn.model.config import ModelConfig
+
+NAMES = ("wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo")
+CASES = [("softmax", "elu+1")] + [("linear", fm) for fm in FEATURE_MAP_NAMES]
+
+
+def _config(attention_kind, feature_map):
+    return ModelConfig(vocab_size=5, max_len=8, d_model=8, n_heads=2, attention=attention_kind,
+                       feature_map=feature_map, dtype="float64")
+
+
+def _weights(seed, d=8):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((d, d)) / np.sqrt(d) if n[0] == "w"
+            else 0.1 * rng.standard_normal(d)
+            for n in NAMES]
+
+
+def test_split_merge_heads_round_trip():
+    x = np.arange(2 * 5 * 6.0).reshape(2, 5, 6)
+    heads = split_heads(x, 3)
+    assert heads.shape == (2, 3, 5, 2)
+    np.testing.assert_array_equal(heads[1, 2, 4], x[1, 4, 4:6])   # head h holds columns h*dh..
+    np.testing.assert_array_equal(merge_heads(heads), x)
+
+
+@pytest.mark.parametrize("attention_kind, feature_map", CASES)
+def test_attention_backward(attention_kind, feature_map):
+    cfg = _config(attention_kind, feature_map)
+    x = np.random.default_rng(1).standard_normal((2, 5, 8))
+    weights = dict(zip(NAMES, _weights(2)))
+    # softmax is invariant to a key bias (it adds q.b_k to a whole row of logits), so the
+    # true gradient of bk is 0 and a relative error meaningless: it is checked apart
+    names = [n for n in NAMES if not (attention_kind == "softmax" and n == "bk")]
+
+    def params(w):
+        return {**weights, **dict(zip(names, w))}
+
+    def f(x, *w):
+        return attention(params(w), x, cfg)[0]
+
+    def f_backward(dy, x, *w):
+        p = params(w)
+        dx, grads = attention_backward(dy, p, x, attention(p, x, cfg)[1], cfg)
+        if attention_kind == "softmax":
+            assert np.max(np.abs(grads["bk"])) < 1e-12 * np.max(np.abs(grads["wk"]))
+        return (dx, *(grads[n] for n in names))
+
+    assert_gradients_match(f, f_backward, [x, *(weights[n] for n in names)])
+
+
+@pytest.mark.parametrize("attention_kind", ["softmax", "linear"])
+def test_attention_is_causal(attention_kind):
+    # changing the last position must leave every earlier output unchanged
+    cfg = _config(attention_kind, "elu+1")
+    p = dict(zip(NAMES, _weights(3)))
+    x = np.random.default_rng(4).standard_normal((1, 6, 8))
+    y = attention(p, x, cfg)[0]
+    x2 = x.copy()
+    x2[:, -1] += 1.0
+    y2 = attention(p, x2, cfg)[0]
+    np.testing.assert_allclose(y2[:, :-1], y[:, :-1], rtol=1e-12)
+    assert not np.allclose(y2[:, -1], y[:, -1])

@@ -1,0 +1,134 @@
+"""Generation: the RNN form and the key/value cache pick exactly the tokens that
+recomputing the parallel form picks; sampling is seeded."""
+import numpy as np
+import pytest
+
+from linattn.model.config import ModelConfig
+from linattn.model.generate import generate, sample, step
+from linattn.model.transformer import forward, init_params
+
+# learned positions make a random model's greedy continuation vary along the sequence
+BASE = dict(vocab_size=9, max_len=24, d_model=16, n_layers=2, n_heads=4, d_mlp=32,
+            positions="learned")
+
+
+def _model(attention, dtype="float64", **kw):
+    """A random model with sharper logits than at init."""
+    cfg = ModelConfig(**{**BASE, **kw}, attention=attention, dtype=dtype)
+    params = init_params(cfg, seed=5)
+    params["w_out"] = params["w_out"] * 4
+    return cfg, params
+
+
+def _prompt(b=3, p=4):
+    return np.random.default_rng(6).integers(0, BASE["vocab_size"], (b, p))
+
+
+@pytest.mark.parametrize("attention, fast, kw", [
+    ("linear", "recurrent", {}),
+    ("linear", "recurrent", dict(feature_map="favor", positions="sinusoidal")),
+    ("softmax", "cache", {}),
+])
+def test_step_logits_match_the_parallel_form(attention, fast, kw):
+    cfg, params = _model(attention, **kw)
+    ids = _prompt(2, 10)
+    want, _ = forward(params, cfg, ids)
+    memories = (None,) * cfg.n_layers
+    if fast == "cache":
+        from linattn.model.generate import KVCache
+        shape = (2, cfg.n_heads, 10, cfg.d_head)
+        memories = tuple(KVCache(np.zeros(shape), np.zeros(shape)) for _ in range(2))
+    for t in range(10):
+        logits, memories = step(params, cfg, ids[:, t], t, memories)
+        np.testing.assert_allclose(logits, want[:, t], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("attention, fast", [("linear", "recurrent"), ("softmax", "cache")])
+def test_greedy_generation_matches_recomputing(attention, fast, dtype):
+    cfg, params = _model(attention, dtype)
+    prompt = _prompt()
+    want = generate(params, cfg, prompt, 20, method="recompute")
+    got = generate(params, cfg, prompt, 20, method=fast)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got[:, :4], prompt)
+    # a real continuation: it varies along the sequence and depends on the prompt
+    assert len(np.unique(got[0, 4:])) > 3 and len({tuple(row) for row in got[:, 4:]}) > 1
+
+
+def test_recurrent_state_is_constant_size():
+    # the linear model's memory after t tokens has the same shape for every t: (S, z) only
+    cfg, params = _model("linear")
+    memories = (None,) * cfg.n_layers
+    shapes = []
+    for t in range(6):
+        _, memories = step(params, cfg, np.array([1, 2]), t, memories)
+        shapes.append([(m.S.shape, m.z.shape) for m in memories])
+    assert all(s == shapes[0] for s in shapes)
+    assert shapes[0][0] == ((2, 4, 4, 4), (2, 4, 4))      # (B, H, F, d_head), (B, H, F)
+
+
+@pytest.mark.parametrize("attention, fast", [("linear", "recurrent"), ("softmax", "cache")])
+def test_sampling_is_seeded_and_agrees_across_forms(attention, fast):
+    cfg, params = _model(attention)
+    prompt = _prompt()
+    a = generate(params, cfg, prompt, 15, method=fast, temperature=1.0, seed=1)
+    b = generate(params, cfg, prompt, 15, method="recompute", temperature=1.0, seed=1)
+    c = generate(params, cfg, prompt, 15, method=fast, temperature=1.0, seed=2)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_sample_follows_the_distribution():
+    logits = np.log(np.array([[0.2, 0.5, 0.3]]))
+    rng = np.random.default_rng(0)
+    draws = np.array([sample(logits, 1.0, rng)[0] for _ in range(4000)])
+    np.testing.assert_allclose(np.bincount(draws, minlength=3) / 4000, [0.2, 0.5, 0.3],
+                               atol=0.03)
+    assert sample(logits, 0, rng)[0] == 1                  # greedy: the argmax
+    cold = [sample(logits, 0.01, rng)[0] for _ in range(50)]
+    assert set(cold) == {1}                                # low temperature: ~greedy
+
+
+@pytest.mark.parametrize("attention, kwargs, match", [
+    ("softmax", dict(method="recurrent"), "does not apply"),
+    ("linear", dict(method="cache"), "does not apply"),
+    ("linear", dict(method="beam"), "unknown"),
+    ("linear", dict(n_new=22), "max_len"),
+    ("linear", dict(temperature=-1.0), "temperature"),
+    ("linear", dict(prompt=np.zeros((2, 0), dtype=int)), "prompt"),
+])
+def test_generate_rejects_bad_arguments(attention, kwargs, match):
+    cfg, params = _model(attention)
+    args = {"prompt": _prompt(), "n_new": 5, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        generate(params, cfg, args.pop("prompt"), args.pop("n_new"), **args)
+
+
+def test_generation_may_fill_max_len_exactly():
+    # the model reads every token but the last generated one: P + n_new - 1 <= max_len
+    cfg, params = _model("linear")
+    assert generate(params, cfg, _prompt(1, 4), 21).shape == (1, 25)
+    with pytest.raises(ValueError, match="max_len"):
+        generate(params, cfg, _prompt(1, 4), 22)
+
+
+def test_generation_speed_rows():
+    # structure only: timing is a benchmark's business, never asserted
+    from linattn.model.speed import FORMS, generation_speed
+    rows = generation_speed(lengths=(6,), batch_size=2, budget_s=0.0)
+    assert [(r["attention"], r["method"]) for r in rows] == list(FORMS)
+    assert all(not r["measured"] and r["sequences_per_s"] > 0 for r in rows)
+    assert rows[0]["speedup_vs_recompute"] > 0 and rows[0]["speedup_vs_cache"] > 0
+
+
+@pytest.mark.parametrize("method, power", [("recurrent", 0), ("cache", 1), ("recompute", 2)])
+def test_speed_estimate_extrapolates_by_the_forms_growth(monkeypatch, method, power):
+    from linattn.model import speed
+    monkeypatch.setattr(speed, "PROBE_LIMIT", 100)
+    monkeypatch.setattr(speed, "_token_seconds",
+                        lambda params, cfg, method, b, t: 1.0 + float(t) ** power)
+    n = 1000                                       # probes reach t = 100; the rest is extrapolated
+    exact = sum(1.0 + float(t) ** power for t in range(n - 1))
+    got = speed.estimate_seconds(None, None, method, 1, n)
+    assert abs(got - exact) < 0.02 * exact
