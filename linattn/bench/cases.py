@@ -31,24 +31,21 @@ def _softmax(backend):
 CASES = {
     "softmax numpy": _softmax("numpy"),
     "softmax numba": _softmax("numba"),
-    "non-causal numba": _linear(False, "auto", "numba"),  # its matrix products
+    "non-causal numba": _linear(False, "auto", "numba"),  # the default: matrix products
     "non-causal numba loops": _linear(False, "linear", "numba"),
     "causal numpy linear": _linear(True, "linear", "numpy"),
     "causal numpy chunked": _linear(True, "chunked", "numpy"),
     "causal numba loops": _linear(True, "linear", "numba"),
     "causal numba chunked": _linear(True, "chunked", "numba"),
-    "causal numba": _linear(True, "auto", "numba"),       # the default: loops or blocks
+    "causal numba": _linear(True, "auto", "numba"),       # the default: the loops
 }
-
-
 SCALING = tuple(name for name in CASES if name != "non-causal numba loops")
 CROSSOVER = ("causal numba loops", "causal numba chunked", "non-causal numba loops",
              "non-causal numba")
 
 
 def inputs(batch, heads, n, d, m, dtype, seed=0):
-    """q, k (batch, heads, n, d), v and dout (batch, heads, n, m): standard normal, scaled so
-    that elu+1 features stay moderate."""
+    """q, k (batch, heads, n, d), v and dout (batch, heads, n, m): standard normal."""
     rng = np.random.default_rng(seed)
     q, k = (rng.standard_normal((batch, heads, n, d), dtype=np.float32) for _ in range(2))
     v, dout = (rng.standard_normal((batch, heads, n, m), dtype=np.float32) for _ in range(2))

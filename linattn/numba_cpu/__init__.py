@@ -23,16 +23,16 @@ from . import chunked, loops
 FORMS = {"linear": loops, "recurrent": loops, "chunked": chunked}
 
 
-
 def _form(causal):
-    """Loops when causal, matrix products when not: measured with ``python -m linattn.bench``
-    (its crossover table) on a 2-core AMD EPYC, float32, N = 2048-4096, 1 and 8 heads.
+    """Loops when causal, matrix products when not, as measured on a 2-core AMD EPYC
+    (float32 forward + backward, N = 2048-4096, 1 and 8 heads; the crossover table of
+    ``python -m linattn.bench`` repeats the measurement on any machine).
 
-    Causal: the loops beat the blocks at D = M = 16-64 and tie from 128 up (to 512) on one
-    thread; on two threads they win at every width, since NumPy runs the blocks' small matrix
-    products one at a time. Non-causal: S = K^T V and Q S are two large matrix products that
-    beat the loops by 1.5-3x at every width measured (16-512). So there is no width crossover
-    on this machine, only the causal one.
+    Causal, on one thread: the loops take half the time of the blocks at D = M = 16-64, are
+    still 10-35% ahead at 128-256 and tie at 512, where the blocks' matrix products would
+    start to win. On two threads the loops win at every width: NumPy runs the blocks' many
+    small matrix products one after the other. Non-causal: S = K^T V and Q S are two large
+    matrix products, 1.5-3x faster than the loops at every width measured (16-512).
     """
     return loops if causal else chunked
 
