@@ -1,4 +1,4 @@
-"""The Numba backend's own machinery: column blocks, the fused elu+1, the dtype policy inside
+"""The Numba backend's own machinery: state blocks, the fused elu+1, the dtype policy inside
 the loops, the compile cache, and how "auto" picks a backend. Its agreement with the oracle is
 tested with every other path, by the parametrised tests of test_linear, test_recurrent and
 test_softmax."""
@@ -30,8 +30,9 @@ def run_product(causal, n_blocks, reverse, eps, seed=0):
 @pytest.mark.parametrize("causal, reverse", [(True, False), (True, True), (False, False)])
 @pytest.mark.parametrize("eps", [-1.0, 1e-6])
 @pytest.mark.parametrize("n_blocks", [2, 3])
-def test_column_blocks_change_nothing(causal, reverse, eps, n_blocks):
-    # 35 columns in 2 or 3 unequal blocks, each unit recomputing the normaliser
+def test_state_blocks_change_nothing(causal, reverse, eps, n_blocks):
+    # the state in 2 or 3 unequal blocks: 5 rows (causal, partial readouts summed after)
+    # or 35 columns (global, each unit recomputing the normaliser)
     want_out, want_den = run_product(causal, 1, reverse, eps)
     got_out, got_den = run_product(causal, n_blocks, reverse, eps)
     np.testing.assert_allclose(got_out, want_out, rtol=1e-12)

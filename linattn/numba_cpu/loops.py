@@ -3,7 +3,7 @@ Eq. (9)-(12) as compiled loops over positions, the RNN of section 3.4 scanned in
 the O(N)-memory backward of section 3.3.1 (Katharopoulos et al. 2020, arXiv:2006.16236).
 
 The loops are ``products.causal_product`` / ``global_product``; this module only picks the
-number of column blocks per row so that every core has work. Oracle: ``forms.quadratic``.
+number of state blocks per row so that every core has work. Oracle: ``forms.quadratic``.
 """
 import math
 
@@ -11,12 +11,12 @@ import numba
 
 from . import normaliser, products
 
-MIN_BLOCK = 16  # columns per unit: one AVX-512 register of float32
+MIN_BLOCK = 16  # rows or columns of the state per unit
 
 
 def n_blocks(rows, width):
-    """Column blocks per row: enough units for every thread, in equal shares, and at least
-    ``MIN_BLOCK`` columns each. rows = 1 on two threads gives two blocks."""
+    """State blocks per row (of a state ``width`` wide): enough units for every thread, in
+    equal shares, and at least ``MIN_BLOCK`` wide each. rows = 1 on two threads gives two."""
     threads = numba.get_num_threads()
     return max(1, min(threads // math.gcd(rows, threads), width // MIN_BLOCK))
 
@@ -29,7 +29,7 @@ def _eps(eps, dtype):
 def causal_loops(a, b, c, *, reverse, eps, out, den):
     """The causal product, Eq. (9)-(12), into ``out`` (see ``normaliser``)."""
     products.causal_product(a, b, c, reverse, _eps(eps, out.dtype), out, den,
-                            n_blocks(a.shape[0], out.shape[-1]))
+                            n_blocks(a.shape[0], a.shape[-1]))
 
 
 def global_loops(a, b, c, *, reverse, eps, out, den):
