@@ -1,11 +1,11 @@
-"""The command line: ``python -m linattn {demo,figures,train,generate,speed}``."""
+"""The command line: ``python -m linattn {demo,figures,bench,train,generate,speed}``."""
 import sys
 
-from . import demo, figures
+from . import bench, demo, figures
 from .model import cli
 
-COMMANDS = {"demo": demo.main, "figures": figures.main, "train": cli.train_main,
-            "generate": cli.generate_main, "speed": cli.speed_main}
+COMMANDS = {"demo": demo.main, "figures": figures.main, "bench": bench.main,
+            "train": cli.train_main, "generate": cli.generate_main, "speed": cli.speed_main}
 
 
 def main(argv=None):

@@ -20,6 +20,31 @@ def array_module(x):
     return np
 
 
+def resolve_backend(backend, xp):
+    """"numba" or "numpy": the CPU backend that runs ``backend`` (a valid name) for arrays
+    of module ``xp``, once ``cuda.launch.wants_cupy`` has decided the call stays off the GPU.
+
+    "auto" is "numba" for NumPy arrays when numba imports, else "numpy" (the NumPy forms also
+    run on CuPy arrays through ``xp``). Numba is imported here, on first use, not by
+    ``import linattn``, which it would slow down by about 0.3 s.
+    """
+    if backend == "auto":
+        return "numba" if xp is np and _numba_imports() else "numpy"
+    if backend == "numba" and xp is not np:
+        raise TypeError("backend 'numba' runs on NumPy arrays; CuPy arrays need 'cupy' or 'auto'")
+    if backend == "numba" and not _numba_imports():
+        raise ValueError("backend 'numba' needs the numba package; install it or use 'numpy'")
+    return backend
+
+
+def _numba_imports():
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def as_float_array(name, x):
     """``x`` as a float array, or a TypeError naming ``name`` and its dtype."""
     xp = array_module(x)
@@ -31,9 +56,17 @@ def as_float_array(name, x):
     return x
 
 
+def common_dtype(*arrays):
+    """The arrays' common dtype (the dtype results are returned in)."""
+    first = arrays[0].dtype
+    if all(a.dtype == first for a in arrays):
+        return first  # the usual case; result_type costs microseconds, a lot for one step
+    return np.result_type(*(a.dtype for a in arrays))
+
+
 def compute_dtype(*arrays):
     """The dtype the kernels run in: the common float type, with float16 raised to float32."""
-    dtype = np.result_type(*(a.dtype for a in arrays))
+    dtype = common_dtype(*arrays)
     return np.dtype(np.float32) if dtype.itemsize < 4 else dtype
 
 
@@ -73,7 +106,7 @@ def check_qkv(q, k, v, dout=None):
         raise ValueError(f"q and k need at least one feature (D >= 1): {shapes}")
     if dout is not None and arrays[3].shape != v.shape:
         raise ValueError(f"dout must have the output's shape (..., N, M): {shapes}")
-    out_dtype = np.result_type(*(a.dtype for a in arrays))
+    out_dtype = common_dtype(*arrays)
     dtype = compute_dtype(*arrays)
     return tuple(a.astype(dtype, copy=False) for a in arrays), out_dtype
 
@@ -87,6 +120,6 @@ def check_step(q_t, k_t, v_t):
         raise ValueError(f"q_t, k_t need shape (..., D) and v_t (..., M), got {shapes}")
     if q_t.shape != k_t.shape or q_t.shape[:-1] != v_t.shape[:-1]:
         raise ValueError(f"q_t and k_t must have one shape (..., D), v_t (..., M): {shapes}")
-    out_dtype = np.result_type(*(a.dtype for a in arrays))
+    out_dtype = common_dtype(*arrays)
     dtype = compute_dtype(*arrays)
     return tuple(a.astype(dtype, copy=False) for a in arrays), out_dtype

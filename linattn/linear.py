@@ -11,7 +11,7 @@ Oracle: ``method="quadratic"``, ``backend="numpy"``.
 import numbers
 
 from . import _checks
-from .feature_maps import get_feature_map
+from .feature_maps import EluPlusOne, get_feature_map
 from .cuda import chunked as cuda_chunked, cumulative as cuda_cumulative
 from .cuda import launch as cuda_launch, step as cuda_step
 from .forms import chunked, cumulative, quadratic, recurrent
@@ -26,18 +26,32 @@ _CUPY_FORMS = {"quadratic": quadratic, "linear": cuda_cumulative, "chunked": cud
 
 
 def _kernel(method, backend, causal, xp):
-    """The module whose ``attend``/``attend_backward`` compute ``method`` on ``backend``."""
+    """(module, backend): the module whose ``attend``/``attend_backward`` compute ``method``
+    on ``backend``, and the name of the backend that runs, "auto" resolved.
+
+    "cupy", or "auto" with CuPy arrays, runs the CUDA kernels; otherwise "auto" is Numba when
+    it imports (``_checks.resolve_backend``). Numba runs "linear" and "recurrent" (the same
+    compiled loops), "chunked" and its own "auto"; asked for "quadratic", "auto" runs NumPy.
+    """
     _checks.check_choice("method", method, _checks.METHODS)
     _checks.check_choice("backend", backend, _checks.BACKENDS)
-    if method == "auto":
-        method = "chunked" if causal else "linear"
+    numpy_method = ("chunked" if causal else "linear") if method == "auto" else method
     if cuda_launch.wants_cupy(backend, xp):     # "cupy", or "auto" with CuPy arrays
-        return _CUPY_FORMS[method]
-    if backend == "auto":
-        backend = "numpy"
-    if backend != "numpy":
-        raise ValueError(f"backend {backend!r} is not available in this build; use 'numpy'")
-    return _NUMPY_FORMS[method]
+        return _CUPY_FORMS[numpy_method], "cupy"
+    if _checks.resolve_backend(backend, xp) == "numba":
+        from . import numba_cpu  # compiled kernels: imported on first use
+        forms = {**numba_cpu.FORMS, "auto": numba_cpu}
+        if method in forms:
+            return forms[method], "numba"
+        if backend == "numba":
+            raise ValueError(f"method {method!r} has no numba kernel; numba runs "
+                             f"{', '.join(forms)}; use backend='numpy' for {method!r}")
+    return _NUMPY_FORMS[numpy_method], "numpy"
+
+
+def _fused(backend, phi):
+    """Whether the kernel applies ``phi`` itself: Numba fuses elu+1 (Eq. 7) into its passes."""
+    return backend == "numba" and type(phi) is EluPlusOne
 
 
 def _check_options(eps, chunk_size):
@@ -71,8 +85,10 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
         positions, "recurrent" scans ``linear_attention_step``. "auto" picks the fastest.
     backend : {"auto", "numpy", "numba", "cupy"}
         "cupy" runs CUDA kernels on CuPy arrays ("chunked" and "auto": the chunked scan;
-        "linear" and "recurrent": one thread per column); "auto" is "cupy" for CuPy arrays
-        and "numpy" otherwise.
+        "linear" and "recurrent": one thread per column). "numba" runs compiled loops on all
+        cores ("linear", "recurrent": the running sums; "chunked": matrix products; "auto":
+        the loops when causal, the products when not). "auto" is "cupy" for CuPy arrays, else
+        "numba" when numba imports, else "numpy"; a method Numba lacks runs on NumPy.
     chunk_size : int
         Block length of ``method="chunked"``.
 
@@ -85,10 +101,13 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
     """
     (q, k, v), out_dtype = _checks.check_qkv(q, k, v)
     _check_options(eps, chunk_size)
-    kernel = _kernel(method, backend, causal, _checks.array_module(q))
+    kernel, backend = _kernel(method, backend, causal, _checks.array_module(q))
     phi = get_feature_map(feature_map)
-    out = kernel.attend(phi.forward(q), phi.forward(k), v, causal=causal, eps=eps,
-                        chunk_size=chunk_size)
+    kw = dict(causal=causal, eps=eps, chunk_size=chunk_size)
+    if _fused(backend, phi):
+        out = kernel.attend(q, k, v, elu=True, **kw)
+    else:
+        out = kernel.attend(phi.forward(q), phi.forward(k), v, **kw)
     return out.astype(out_dtype, copy=False)
 
 
@@ -116,11 +135,15 @@ def linear_attention_backward(dout, q, k, v, *, causal=False, feature_map="elu+1
     """
     (q, k, v, dout), out_dtype = _checks.check_qkv(q, k, v, dout)
     _check_options(eps, chunk_size)
-    kernel = _kernel(method, backend, causal, _checks.array_module(q))
+    kernel, backend = _kernel(method, backend, causal, _checks.array_module(q))
     phi = get_feature_map(feature_map)
-    dphi_q, dphi_k, dv = kernel.attend_backward(dout, phi.forward(q), phi.forward(k), v,
-                                                causal=causal, eps=eps, chunk_size=chunk_size)
-    grads = phi.vjp(q, dphi_q), phi.vjp(k, dphi_k), dv
+    kw = dict(causal=causal, eps=eps, chunk_size=chunk_size)
+    if _fused(backend, phi):
+        grads = kernel.attend_backward(dout, q, k, v, elu=True, **kw)
+    else:
+        dphi_q, dphi_k, dv = kernel.attend_backward(dout, phi.forward(q), phi.forward(k), v,
+                                                    **kw)
+        grads = phi.vjp(q, dphi_q), phi.vjp(k, dphi_k), dv
     return tuple(g.astype(out_dtype, copy=False) for g in grads)
 
 
@@ -138,9 +161,12 @@ def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps
     v_t : ndarray, shape (..., M)
     state : State or None
         (S (..., F, M), z (..., F)) after the previous positions; None starts from zeros.
+    feature_map, eps
+        As for ``linear_attention``.
     backend : {"auto", "numpy", "numba", "cupy"}
         "cupy" (and "auto" with CuPy arrays) runs one fused kernel over all sequences at
-        once; the others run the NumPy step.
+        once; "numba" (and "auto" when numba imports) one compiled call, elu+1 included;
+        "numpy" the NumPy step.
 
     Returns
     -------
@@ -153,12 +179,22 @@ def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps
     (q_t, k_t, v_t), out_dtype = _checks.check_step(q_t, k_t, v_t)
     xp = _checks.array_module(q_t)
     _checks.check_choice("backend", backend, _checks.BACKENDS)
-    step = cuda_step.step if cuda_launch.wants_cupy(backend, xp) else recurrent.step
+    if cuda_launch.wants_cupy(backend, xp):
+        backend, step = "cupy", cuda_step.step
+    elif _checks.resolve_backend(backend, xp) == "numba":
+        from .numba_cpu import step as numba_step  # compiled: imported on first use
+        backend, step = "numba", numba_step.step
+    else:
+        backend, step = "numpy", recurrent.step
     phi = get_feature_map(feature_map)
-    phi_q, phi_k = phi.forward(q_t), phi.forward(k_t)
+    fused = _fused(backend, phi)
+    phi_q, phi_k = (q_t, k_t) if fused else (phi.forward(q_t), phi.forward(k_t))
     lead, f, m = q_t.shape[:-1], phi_k.shape[-1], v_t.shape[-1]
     state = _as_state(state, (*lead, f, m), q_t.dtype, xp)
-    out, state = step(phi_q, phi_k, v_t, state, eps)
+    if fused:                    # raw q_t and k_t: the kernel applies elu+1
+        out, state = step(phi_q, phi_k, v_t, state, eps, elu=True)
+    else:
+        out, state = step(phi_q, phi_k, v_t, state, eps)
     return out.astype(out_dtype, copy=False), state
 
 

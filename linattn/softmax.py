@@ -2,10 +2,11 @@
 "Transformers are RNNs", arXiv:2006.16236, with its causal mask, Eq. (8) with
 sim(q, k) = exp(q.k / sqrt(D)).
 
-Reference: this module is its own oracle; tests hold it to a line-by-line transcription of
-Eq. (3) and its backward to central finite differences.
+Reference: the NumPy functions here are their own oracle; tests hold them to a line-by-line
+transcription of Eq. (3) and the backward to central finite differences. ``backend="numba"``
+runs ``numba_cpu.softmax``, which never holds the N x N matrix; this module is its oracle.
 """
-from ._checks import BACKENDS, array_module, check_choice, check_qkv
+from ._checks import BACKENDS, array_module, check_choice, check_qkv, resolve_backend
 from .cuda import launch as cuda_launch, softmax as cuda_softmax
 
 
@@ -29,10 +30,33 @@ def _scale(q, scale):
     return q.shape[-1] ** -0.5 if scale is None else float(scale)
 
 
-def _on_gpu(backend, q):
-    """True for backend "cupy", or "auto" with CuPy arrays: linattn.cuda.softmax runs."""
+def attend(q, k, v, *, causal, scale):
+    """The NumPy forward on validated arrays: P v with P = softmax(scale q k^T)."""
+    return _probabilities(q, k, causal, scale) @ v
+
+
+def attend_backward(dout, q, k, v, *, causal, scale):
+    """The NumPy backward on validated arrays: (dq, dk, dv) as documented below."""
+    p = _probabilities(q, k, causal, scale)                 # (..., N, N)
+    dv = p.swapaxes(-1, -2) @ dout                          # (..., N, M)
+    dp = dout @ v.swapaxes(-1, -2)                          # (..., N, N)
+    dlogits = p * (dp - (dp * p).sum(axis=-1, keepdims=True)) * q.dtype.type(scale)
+    dq = dlogits @ k                                        # (..., N, D)
+    dk = dlogits.swapaxes(-1, -2) @ q                       # (..., N, D)
+    return dq, dk, dv
+
+
+def _kernel(backend, xp):
+    """(attend, attend_backward) for ``backend``: ``linattn.cuda.softmax`` for "cupy" (and
+    "auto" with CuPy arrays), ``numba_cpu.softmax`` for "numba" (and "auto" when numba
+    imports), the NumPy pair above otherwise."""
     check_choice("backend", backend, BACKENDS)
-    return cuda_launch.wants_cupy(backend, array_module(q))
+    if cuda_launch.wants_cupy(backend, xp):
+        return cuda_softmax.softmax_attention, cuda_softmax.softmax_attention_backward
+    if resolve_backend(backend, xp) == "numba":
+        from .numba_cpu import softmax as numba_softmax  # compiled: imported on first use
+        return numba_softmax.attend, numba_softmax.attend_backward
+    return attend, attend_backward
 
 
 def softmax_attention(q, k, v, *, causal=False, scale=None, backend="auto"):
@@ -48,20 +72,20 @@ def softmax_attention(q, k, v, *, causal=False, scale=None, backend="auto"):
     causal : bool
     scale : float, optional
     backend : {"auto", "numpy", "numba", "cupy"}
-        "cupy" (and "auto" with CuPy arrays) runs ``linattn.cuda.softmax``.
+        "cupy" (and "auto" with CuPy arrays) runs ``linattn.cuda.softmax``; "numba" (and
+        "auto" when numba imports) streams one row of logits at a time, O(N) memory per
+        worker; "numpy" builds the N x N matrix.
 
     Returns
     -------
     out : ndarray, shape (..., N, M), in the inputs' dtype (float16 is computed in float32).
 
-    Cost: O(N^2 max(D, M)) time, O(N^2) memory.
+    Cost: O(N^2 max(D, M)) time; O(N^2) memory on NumPy, O(N) per worker on Numba.
     """
     (q, k, v), out_dtype = check_qkv(q, k, v)
-    if _on_gpu(backend, q):
-        out = cuda_softmax.softmax_attention(q, k, v, causal=causal, scale=_scale(q, scale))
-        return out.astype(out_dtype, copy=False)
-    p = _probabilities(q, k, causal, _scale(q, scale))
-    return (p @ v).astype(out_dtype, copy=False)
+    forward, _ = _kernel(backend, array_module(q))
+    out = forward(q, k, v, causal=causal, scale=_scale(q, scale))
+    return out.astype(out_dtype, copy=False)
 
 
 def softmax_attention_backward(dout, q, k, v, *, causal=False, scale=None, backend="auto"):
@@ -83,17 +107,10 @@ def softmax_attention_backward(dout, q, k, v, *, causal=False, scale=None, backe
     dq, dk : ndarray, shape (..., N, D)
     dv : ndarray, shape (..., N, M)
 
-    Cost: O(N^2 max(D, M)) time, O(N^2) memory (P is recomputed, not stored).
+    Cost: O(N^2 max(D, M)) time; O(N^2) memory on NumPy, O(N) per worker on Numba
+    (P is recomputed, not stored).
     """
     (q, k, v, dout), out_dtype = check_qkv(q, k, v, dout)
-    scale = _scale(q, scale)
-    if _on_gpu(backend, q):
-        grads = cuda_softmax.softmax_attention_backward(dout, q, k, v, causal=causal, scale=scale)
-        return tuple(g.astype(out_dtype, copy=False) for g in grads)
-    p = _probabilities(q, k, causal, scale)        # (..., N, N)
-    dv = p.swapaxes(-1, -2) @ dout                          # (..., N, M)
-    dp = dout @ v.swapaxes(-1, -2)                          # (..., N, N)
-    dlogits = p * (dp - (dp * p).sum(axis=-1, keepdims=True)) * q.dtype.type(scale)
-    dq = dlogits @ k                                        # (..., N, D)
-    dk = dlogits.swapaxes(-1, -2) @ q                       # (..., N, D)
-    return tuple(g.astype(out_dtype, copy=False) for g in (dq, dk, dv))
+    _, backward = _kernel(backend, array_module(q))
+    grads = backward(dout, q, k, v, causal=causal, scale=_scale(q, scale))
+    return tuple(g.astype(out_dtype, copy=False) for g in grads)

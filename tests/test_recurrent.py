@@ -8,7 +8,7 @@ from linattn import State, linear_attention, linear_attention_step
 from linattn.feature_maps import get_feature_map
 
 from conftest import FEATURE_MAP_NAMES, random_qkv
-from test_linear import feature_map
+from test_linear import BACKENDS, feature_map
 
 
 def scan(q, k, v, **kw):
@@ -20,21 +20,23 @@ def scan(q, k, v, **kw):
     return np.stack(outs, axis=-2), state
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @given(n=st.integers(1, 25), d=st.integers(1, 5), m=st.integers(1, 5),
        lead=st.sampled_from([(), (2,), (2, 3)]), fmap=st.sampled_from(FEATURE_MAP_NAMES),
        method=st.sampled_from(["quadratic", "linear", "chunked"]),
        seed=st.integers(0, 2**32 - 1))
-def test_scanning_the_step_equals_causal_attention(n, d, m, lead, fmap, method, seed):
+def test_scanning_the_step_equals_causal_attention(backend, n, d, m, lead, fmap, method, seed):
     q, k, v = random_qkv(seed, n, d, m, lead)
     fm = feature_map(fmap)
-    got, _ = scan(q, k, v, feature_map=fm)
+    got, _ = scan(q, k, v, feature_map=fm, backend=backend)
     want = linear_attention(q, k, v, causal=True, feature_map=fm, method=method, chunk_size=4)
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
 
-def test_state_is_the_papers_sums():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_state_is_the_papers_sums(backend):
     q, k, v = random_qkv(1, 6, 3, 4, (2,))
-    _, state = scan(q, k, v)
+    _, state = scan(q, k, v, backend=backend)
     phi_k = get_feature_map("elu+1").forward(k)
     assert isinstance(state, State) and state.S.shape == (2, 3, 4) and state.z.shape == (2, 3)
     np.testing.assert_allclose(state.S, np.einsum("bnf,bnm->bfm", phi_k, v), rtol=1e-12)
@@ -57,10 +59,13 @@ def test_a_state_can_be_passed_in_as_a_plain_tuple():
     np.testing.assert_allclose(out, want, rtol=1e-12)
 
 
-def test_step_dtypes():
-    q, k, v = (x.astype(np.float16) for x in random_qkv(4, 1, 3, 2))
-    out, state = linear_attention_step(q[0], k[0], v[0])
-    assert out.dtype == np.float16 and state.S.dtype == np.float32
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype, state_dtype", [(np.float16, np.float32),
+                                                (np.float32, np.float32)])
+def test_step_dtypes(backend, dtype, state_dtype):
+    q, k, v = (x.astype(dtype) for x in random_qkv(4, 1, 3, 2))
+    out, state = linear_attention_step(q[0], k[0], v[0], backend=backend)
+    assert out.dtype == dtype and state.S.dtype == state.z.dtype == state_dtype
 
 
 @pytest.mark.parametrize("state, error, message", [

@@ -1,0 +1,127 @@
+"""``python -m linattn.bench``: the paper's central claim measured on this machine.
+
+Linear attention's time and memory grow linearly in N, softmax attention's quadratically,
+and the RNN form generates each token at a constant cost (Katharopoulos et al. 2020,
+arXiv:2006.16236, sections 3.3-3.4 and Fig. 1). One run measures:
+
+- the ceiling: float32 matrix-product GFLOP/s through NumPy, so every result can be read as
+  a fraction of what this CPU can do;
+- scaling: forward and forward + backward time (median after a warm-up) and peak extra
+  memory against N = 2^j, for softmax (NumPy, Numba) and linear attention (non-causal; causal
+  by NumPy's loops, NumPy's blocks, Numba's loops, Numba's blocks, and Numba's default);
+- the loops-or-blocks crossover of the Numba backend against D = M;
+- generation: time per token against position for the RNN step, softmax with a key/value
+  cache and recomputing the prefix;
+- peers, when an interpreter with torch is given (``--peer-python``): PyTorch's softmax
+  attention and pytorch-fast-transformers, run by ``peers`` in a subprocess;
+- the issue's targets, computed from the above.
+
+Writes ``bench.json`` (machine, configuration, every number), ``bench_*.csv`` and a readable
+``bench.txt`` into ``--out``; ``--quick`` finishes in well under a minute.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from . import cases, report, timing
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="python -m linattn.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="small sizes, under a minute")
+    p.add_argument("--out", default=os.path.join("figures", "data"), help="output directory")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--dim", type=int, default=64, help="D, query/key width")
+    p.add_argument("--value-dim", type=int, default=64, help="M, value width")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--max-n", type=int, default=65536, help="largest N (a power of two)")
+    p.add_argument("--target-n", type=int, default=4096, help="N of the targets")
+    p.add_argument("--cross-n", type=int, default=4096, help="N of the crossover")
+    p.add_argument("--gen-positions", type=int, default=16384)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--budget", type=float, default=30.0,
+                   help="seconds; a case stops growing N past one fwd+bwd this slow")
+    p.add_argument("--cases", nargs="+", default=list(cases.SCALING), choices=list(cases.CASES),
+                   help="the scaling cases")
+    p.add_argument("--peer-python", default=sys.executable,
+                   help="interpreter with torch (and pytorch-fast-transformers) for the peers")
+    p.add_argument("--no-peers", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    cfg = p.parse_args(argv)
+    if cfg.quick:
+        cfg.max_n, cfg.target_n, cfg.cross_n = 1024, 1024, 512
+        cfg.gen_positions, cfg.repeats, cfg.budget = 1024, 2, 1.0
+    cfg.ns = [2**j for j in range(7, cfg.max_n.bit_length()) if 2**j <= cfg.max_n]
+    if cfg.target_n not in cfg.ns:
+        cfg.ns = sorted(set(cfg.ns) | {cfg.target_n})
+    return cfg
+
+
+def threads(cfg):
+    """Best causal forward time at heads = 1 on every Numba thread and on one: the split of
+    the state's columns between workers."""
+    import numba
+    q, k, v, _ = cases.inputs(cfg.batch, 1, cfg.target_n, cfg.dim, cfg.value_dim, cfg.dtype)
+    forward = cases.CASES["causal numba"][0]
+    all_threads = numba.get_num_threads()
+    all_s = timing.seconds(lambda: forward(q, k, v), cfg.repeats)[1]
+    numba.set_num_threads(1)
+    try:
+        one_s = timing.seconds(lambda: forward(q, k, v), cfg.repeats)[1]
+    finally:
+        numba.set_num_threads(all_threads)
+    return {"threads": all_threads, "all_s": all_s, "one_s": one_s}
+
+
+def peers(cfg):
+    """The peers' measurements from ``peers.py`` run by ``cfg.peer_python``, or (None, why)."""
+    if cfg.no_peers:
+        return None, "skipped (--no-peers)"
+    probe = subprocess.run([cfg.peer_python, "-c", "import torch"], capture_output=True)
+    if probe.returncode != 0:
+        return None, f"skipped: no torch in {cfg.peer_python} (see --peer-python)"
+    config = {"ns": cfg.ns, "batch": cfg.batch, "heads": cfg.heads, "dim": cfg.dim,
+              "value_dim": cfg.value_dim, "eps": 1e-6, "repeats": cfg.repeats,
+              "budget": cfg.budget, "max_linear_n": cfg.max_n,
+              "gen_positions": cfg.gen_positions}
+    run = subprocess.run([cfg.peer_python, os.path.join(os.path.dirname(__file__), "peers.py"),
+                          json.dumps(config)], capture_output=True, text=True)
+    if run.returncode != 0:
+        return None, f"failed: {run.stderr.strip().splitlines()[-1:]}"
+    result = json.loads(run.stdout)
+    note = f"torch {result['torch']} ({result['threads']} threads)"
+    if not result["fast_transformers"]:
+        note += ", pytorch-fast-transformers not installed"
+    return result, note
+
+
+def main(argv=None):
+    cfg = parse(sys.argv[1:] if argv is None else argv)
+    os.makedirs(cfg.out, exist_ok=True)
+    dtype = np.dtype(cfg.dtype)
+    cfg.dtype = dtype.name
+    widths = (16, 64) if cfg.quick else (16, 32, 64, 128, 256)
+    total = (len(cfg.ns) * len(cfg.cases) + len(cases.CROSSOVER) * len(widths)
+             * len({1, cfg.heads}) + 3 + cfg.gen_positions.bit_length())
+    progress = timing.Progress(total, quiet=cfg.no_progress)
+    results = {"machine": timing.machine(), "ceiling_gflops": timing.matmul_gflops(),
+               "config": vars(cfg)}
+    results["scaling"] = cases.scaling(cfg, progress)
+    results["crossover"] = cases.crossover(cfg, progress, widths)
+    progress.step("heads=1 thread scaling")
+    results["threads"] = threads(cfg)
+    results["generation"], results["generation_summary"] = cases.generation(cfg, progress)
+    progress.step("peers")
+    results["peers"], results["peers_note"] = peers(cfg)
+    progress.close()
+    results["targets"] = report.targets(results)
+    with open(os.path.join(cfg.out, "bench.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    report.write(results, cfg.out)
+    print(report.text(results), end="")
+    return 0

@@ -1,0 +1,6 @@
+"""``python -m linattn.bench``; see the package docstring."""
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,170 @@
+"""What the benchmark measures with linattn itself: time and memory against N for each form of
+attention, the loops-versus-blocks crossover, and the cost of generating one token.
+
+Every case is a pair (forward, forward + backward) of closures over float arrays of shape
+(batch, heads, N, D); a case stops growing N once one forward + backward takes longer than
+the time budget, and softmax on NumPy once its N x N matrices would not fit in memory.
+"""
+import functools
+import time
+
+import numpy as np
+
+from .. import (linear_attention, linear_attention_backward, linear_attention_step,
+                softmax_attention, softmax_attention_backward)
+from . import timing
+
+
+def _linear(causal, method, backend):
+    kw = dict(causal=causal, method=method, backend=backend)
+    return (lambda q, k, v: linear_attention(q, k, v, **kw),
+            lambda q, k, v, dout: linear_attention_backward(dout, q, k, v, **kw))
+
+
+def _softmax(backend):
+    kw = dict(causal=True, backend=backend)
+    return (lambda q, k, v: softmax_attention(q, k, v, **kw),
+            lambda q, k, v, dout: softmax_attention_backward(dout, q, k, v, **kw))
+
+
+# name -> (forward, backward); softmax is causal, like the linear forms named so
+CASES = {
+    "softmax numpy": _softmax("numpy"),
+    "softmax numba": _softmax("numba"),
+    "non-causal numba": _linear(False, "auto", "numba"),  # the default: matrix products
+    "non-causal numba loops": _linear(False, "linear", "numba"),
+    "causal numpy linear": _linear(True, "linear", "numpy"),
+    "causal numpy chunked": _linear(True, "chunked", "numpy"),
+    "causal numba loops": _linear(True, "linear", "numba"),
+    "causal numba chunked": _linear(True, "chunked", "numba"),
+    "causal numba": _linear(True, "auto", "numba"),       # the default: the loops
+}
+SCALING = tuple(name for name in CASES if name != "non-causal numba loops")
+CROSSOVER = ("causal numba loops", "causal numba chunked", "non-causal numba loops",
+             "non-causal numba")
+
+
+def inputs(batch, heads, n, d, m, dtype, seed=0):
+    """q, k (batch, heads, n, d), v and dout (batch, heads, n, m): standard normal."""
+    rng = np.random.default_rng(seed)
+    q, k = (rng.standard_normal((batch, heads, n, d), dtype=np.float32) for _ in range(2))
+    v, dout = (rng.standard_normal((batch, heads, n, m), dtype=np.float32) for _ in range(2))
+    return tuple(x.astype(dtype, copy=False) for x in (q, k, v, dout))
+
+
+def _softmax_fits(batch, heads, n, itemsize):
+    """Whether NumPy softmax's backward (about six N x N arrays per head) fits in half the
+    memory available now."""
+    need = 6 * batch * heads * n * n * itemsize
+    return need < 0.5 * _available_bytes()
+
+
+def _available_bytes():
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
+
+
+def measure(name, q, k, v, dout, repeats, memory=True):
+    """One point: forward and forward + backward seconds, and the peak extra bytes of a
+    forward + backward."""
+    forward, backward = CASES[name]
+
+    def both():
+        return forward(q, k, v), backward(q, k, v, dout)
+
+    start = time.perf_counter()
+    both()                                                    # warm-up, and a size probe
+    reps = repeats if time.perf_counter() - start < 2.0 else 1
+    row = {"case": name, "n": q.shape[-2]}
+    row["forward_s"], row["forward_best_s"] = timing.seconds(lambda: forward(q, k, v), reps, 0)
+    row["forward_backward_s"], row["forward_backward_best_s"] = timing.seconds(both, reps, 0)
+    row["peak_extra_bytes"] = timing.peak_bytes(both) if memory else None
+    return row
+
+
+def scaling(cfg, progress):
+    """Rows of ``measure`` for every case and N = 2^lo .. 2^hi, each case until it exceeds
+    ``cfg.budget`` seconds for one forward + backward."""
+    rows, stopped = [], set()
+    for n in cfg.ns:
+        q, k, v, dout = inputs(cfg.batch, cfg.heads, n, cfg.dim, cfg.value_dim, cfg.dtype)
+        for name in cfg.cases:
+            progress.step(f"{name} N={n}")
+            if name in stopped:
+                continue
+            if name == "softmax numpy" and not _softmax_fits(cfg.batch, cfg.heads, n,
+                                                             q.itemsize):
+                stopped.add(name)
+                continue
+            row = measure(name, q, k, v, dout, cfg.repeats)
+            rows.append(row)
+            if row["forward_backward_s"] > cfg.budget:
+                stopped.add(name)
+    return rows
+
+
+def crossover(cfg, progress, widths=(16, 32, 64, 128, 256)):
+    """Forward + backward of the Numba loops and matrix products, causal and not, at D = M = w
+    and N = ``cfg.cross_n``, for 1 and ``cfg.heads`` heads: where matrix products win."""
+    rows = []
+    for heads in sorted({1, cfg.heads}):
+        for w in widths:
+            q, k, v, dout = inputs(cfg.batch, heads, cfg.cross_n, w, w, cfg.dtype)
+            for name in CROSSOVER:
+                progress.step(f"crossover {name} h={heads} D=M={w}")
+                row = measure(name, q, k, v, dout, cfg.repeats, memory=False)
+                rows.append({**row, "heads": heads, "width": w})
+    return rows
+
+
+def generation(cfg, progress):
+    """Seconds per generated token against position, for 8-head attention of one sequence:
+    the RNN step (every position), softmax with a key/value cache and recomputing causal
+    linear attention over the whole prefix (at positions 2^j)."""
+    n = cfg.gen_positions
+    q, k, v, _ = inputs(1, cfg.heads, n, cfg.dim, cfg.value_dim, cfg.dtype, seed=1)
+    rows = []
+    progress.step(f"generation: RNN step x {n}")
+    linear_attention_step(q[:, :, 0], k[:, :, 0], v[:, :, 0])    # warm-up: load the kernel
+    state, per_token = None, np.empty(n)
+    for t in range(n):
+        start = time.perf_counter()
+        _, state = linear_attention_step(q[:, :, t], k[:, :, t], v[:, :, t], state)
+        per_token[t] = time.perf_counter() - start
+    for t in _positions(n):
+        window = per_token[max(0, t - max(1, t // 8)):t]  # the tokens just before position t
+        rows.append({"case": "rnn step", "position": t, "seconds_per_token":
+                     float(np.median(window))})
+    for t in _positions(n):
+        progress.step(f"generation: softmax cache, recompute t={t}")
+        prefix = q[:, :, :t], k[:, :, :t], v[:, :, :t]
+        f = functools.partial(softmax_cache_step, q[:, :, t - 1], *prefix[1:])
+        rows.append({"case": "softmax kv-cache numpy", "position": t,
+                     "seconds_per_token": timing.seconds(f, cfg.repeats)[0]})
+        f = functools.partial(linear_attention, *prefix, causal=True)
+        rows.append({"case": "recompute prefix numba", "position": t,
+                     "seconds_per_token": timing.seconds(f, cfg.repeats)[0]})
+    summary = {"median_s": float(np.median(per_token)),
+               "first_1024_median_s": float(np.median(per_token[:1024])),
+               "last_1024_median_s": float(np.median(per_token[-1024:]))}
+    return rows, summary
+
+
+def softmax_cache_step(q_t, k_cache, v_cache):
+    """One generated token of softmax attention, Eq. (2) for the newest query q_t (..., D)
+    against the cached keys and values (..., t, D|M): O(t) work, growing with the position."""
+    logits = (q_t[..., None, :] @ k_cache.swapaxes(-1, -2))[..., 0, :]      # (..., t)
+    logits *= q_t.dtype.type(q_t.shape[-1] ** -0.5)
+    p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return (p[..., None, :] @ v_cache)[..., 0, :] / p.sum(axis=-1, keepdims=True)
+
+
+def _positions(n):
+    """1, 2, 4, ..., n (n included)."""
+    return sorted({2**j for j in range(n.bit_length()) if 2**j <= n} | {n})

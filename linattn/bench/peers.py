@@ -1,0 +1,126 @@
+"""The benchmark's peers: PyTorch's softmax attention and the paper authors' library,
+pytorch-fast-transformers (its CPU causal product, causal and non-causal linear attention,
+and the recurrent step), timed like linattn in ``timing``, float32.
+
+Run as a script by ``python -m linattn.bench`` with an interpreter that has torch
+(``--peer-python``), since the peers are an optional extra; it reads one JSON configuration
+argument and prints one JSON object. It never imports linattn, and linattn never imports it.
+"""
+import json
+import sys
+import time
+
+import numpy as np
+
+
+def seconds(f, repeats):
+    """(median, best) wall time of ``f()`` over ``repeats`` calls after one warm-up call,
+    as ``linattn.bench.timing.seconds`` (which this script cannot import)."""
+    f()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)), min(times)
+
+
+def cases(torch, b, h, n, d, m, eps):
+    """name -> (forward, forward + backward), each a closure over fixed random inputs.
+
+    PyTorch and the causal product take (batch, heads, N, D); pft's attention modules take
+    (batch, N, heads, D), so their inputs and dout are transposed copies.
+    """
+    import torch.nn.functional as functional
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(b, h, n, d, generator=gen) for _ in range(2))
+    v, dout = (torch.randn(b, h, n, m, generator=gen) for _ in range(2))
+
+    def leaf(x):
+        return x.detach().contiguous().requires_grad_()
+
+    table = {"torch softmax": (lambda q, k, v: functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True), tuple(map(leaf, (q, k, v))), dout)}
+    try:
+        from fast_transformers.attention import CausalLinearAttention, LinearAttention
+        from fast_transformers.causal_product import causal_dot_product
+        from fast_transformers.masking import FullMask, LengthMask, TriangularCausalMask
+    except ImportError:
+        pass
+    else:
+        lengths = LengthMask(torch.full((b,), n, dtype=torch.int64))
+        causal, full = CausalLinearAttention(d, eps=eps), LinearAttention(d, eps=eps)
+        seq = tuple(leaf(x.transpose(1, 2)) for x in (q, k, v))     # (batch, N, heads, D)
+        dout_seq = dout.transpose(1, 2).contiguous()
+        phi = tuple(leaf(functional.elu(x) + 1) for x in (q, k))    # the product's inputs
+        table["pft causal linear"] = (
+            lambda q, k, v: causal(q, k, v, TriangularCausalMask(n), lengths, lengths),
+            seq, dout_seq)
+        table["pft linear non-causal"] = (
+            lambda q, k, v: full(q, k, v, FullMask(n), lengths, lengths), seq, dout_seq)
+        table["pft causal product"] = (causal_dot_product, (*phi, leaf(v)), dout)
+    return {name: _runners(torch, *entry) for name, entry in table.items()}
+
+
+def _runners(torch, forward, args, dout):
+    """(forward without autograd, forward + backward through autograd)."""
+    def infer():
+        with torch.no_grad():
+            forward(*args)
+
+    def train():
+        for x in args:
+            x.grad = None
+        forward(*args).backward(dout)
+    return infer, train
+
+
+def generation(torch, h, d, m, positions):
+    """Seconds per token of pft's RecurrentLinearAttention step at each position."""
+    from fast_transformers.recurrent.attention import RecurrentLinearAttention
+    step = RecurrentLinearAttention(d)
+    gen = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(positions, 1, h, d, generator=gen) for _ in range(2))
+    v = torch.randn(positions, 1, h, m, generator=gen)
+    per_token, state = np.empty(positions), None
+    with torch.no_grad():
+        for t in range(positions):
+            start = time.perf_counter()
+            _, state = step(q[t], k[t], v[t], state=state)
+            per_token[t] = time.perf_counter() - start
+    return per_token
+
+
+def main(config):
+    import torch
+    result = {"torch": torch.__version__, "threads": torch.get_num_threads(), "scaling": [],
+              "generation": None}
+    try:
+        import fast_transformers  # noqa: F401
+        result["fast_transformers"] = True
+    except ImportError:
+        result["fast_transformers"] = False
+    stopped = set()
+    for n in config["ns"]:
+        table = cases(torch, config["batch"], config["heads"], n, config["dim"],
+                      config["value_dim"], config["eps"])
+        for name, (forward, both) in table.items():
+            if name in stopped or not (name == "torch softmax" or n <= config["max_linear_n"]):
+                continue
+            start = time.perf_counter()
+            both()
+            reps = config["repeats"] if time.perf_counter() - start < 2.0 else 1
+            row = {"case": name, "n": n}
+            row["forward_s"], row["forward_best_s"] = seconds(forward, reps)
+            row["forward_backward_s"], row["forward_backward_best_s"] = seconds(both, reps)
+            result["scaling"].append(row)
+            if row["forward_backward_s"] > config["budget"]:
+                stopped.add(name)
+    if result["fast_transformers"]:
+        result["generation"] = generation(torch, config["heads"], config["dim"],
+                                          config["value_dim"], config["gen_positions"]).tolist()
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))))

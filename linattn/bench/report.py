@@ -1,0 +1,134 @@
+"""The benchmark's outputs: the issue's targets computed from one run's measurements, readable
+tables, and the CSV files beside the JSON."""
+import csv
+import os
+
+import numpy as np
+
+
+def _find(rows, case, **where):
+    """The first row of ``case`` matching ``where``, or None."""
+    for row in rows:
+        if row["case"] == case and all(row.get(k) == v for k, v in where.items()):
+            return row
+    return None
+
+
+def _ratio(num, den):
+    return None if num is None or den is None or den == 0 else num / den
+
+
+def targets(results):
+    """[(target, measured, goal, met)] for the claims the benchmark exists to check."""
+    cfg, scaling = results["config"], results["scaling"]
+    n, peers = cfg["target_n"], results.get("peers") or {}
+    peer_rows = peers.get("scaling", [])
+    ours = _find(scaling, "causal numba", n=n)
+    pft = _find(peer_rows, "pft causal linear", n=n)
+    flops = 4 * n * cfg["dim"] * cfg["value_dim"] * cfg["batch"] * cfg["heads"]
+    ceiling = results["ceiling_gflops"]
+    threads = results["threads"]
+    rows = [
+        (f"causal fwd+bwd N={n}: pft CausalLinearAttention / numba",
+         _ratio(pft and pft["forward_backward_best_s"],
+                ours and ours["forward_backward_best_s"]),
+         ">= 5", lambda x: x >= 5),
+        (f"causal forward N={n}: fraction of float32 matmul GFLOP/s",
+         _ratio(ours and flops / ours["forward_best_s"] / 1e9, ceiling), ">= 0.40",
+         lambda x: x >= 0.4),
+        (f"causal forward N={n}, heads=1: fraction of matmul GFLOP/s",
+         _ratio(flops / cfg["heads"] / threads["all_s"] / 1e9, ceiling), ">= 0.40",
+         lambda x: x >= 0.4),
+        (f"causal forward N={n}, heads=1: {threads['threads']} threads / 1 thread speedup",
+         _ratio(threads["one_s"], threads["all_s"]), ">= 1.6", lambda x: x >= 1.6),
+    ]
+    big = max((r for r in scaling if r["case"] == "causal numba"), key=lambda r: r["n"],
+              default=None)
+    if big is not None:
+        inputs = 2 * (cfg["dim"] + cfg["value_dim"]) * big["n"] * cfg["batch"] * cfg["heads"]
+        inputs *= np.dtype(cfg["dtype"]).itemsize
+        rows.append((f"causal fwd+bwd N={big['n']}: peak extra memory / bytes of q,k,v,dout",
+                     _ratio(big["peak_extra_bytes"], inputs), "<= 4", lambda x: x <= 4))
+    gen, summary = results["generation"], results["generation_summary"]
+    last = cfg["gen_positions"]
+    step = _find(gen, "rnn step", position=last)
+    cache = min((r["seconds_per_token"] for r in gen
+                 if r["case"].startswith("softmax kv-cache") and r["position"] == last),
+                default=None)
+    pft_step = peers.get("generation")
+    rows += [
+        ("one step, 8 heads: pft RecurrentLinearAttention / numba",
+         _ratio(pft_step and float(np.median(pft_step)), summary["median_s"]), ">= 30",
+         lambda x: x >= 30),
+        (f"step time, last 1024 / first 1024 of {last} tokens",
+         _ratio(summary["last_1024_median_s"], summary["first_1024_median_s"]), "<= 1.2",
+         lambda x: x <= 1.2),
+        (f"per token at position {last}: softmax kv-cache / rnn step",
+         _ratio(cache, step and step["seconds_per_token"]), ">= 100", lambda x: x >= 100),
+    ]
+    return [(name, value, goal, None if value is None else bool(test(value)))
+            for name, value, goal, test in rows]
+
+
+def _table(header, rows):
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    line = lambda cells: "  ".join(f"{c!s:>{w}}" for c, w in zip(cells, widths))  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def _fmt(x, scale=1.0, digits=2):
+    return "-" if x is None else f"{x * scale:.{digits}f}"
+
+
+def text(results):
+    """The run as plain-text tables: machine, targets, scaling, generation, crossover."""
+    m, cfg = results["machine"], results["config"]
+    parts = [f"machine: {m['cpu']}, {m['cores_available']} cores, numpy {m['numpy']}, "
+             f"numba {m['numba']} ({m['numba_threads']} threads), BLAS {m['blas']}",
+             f"float32 matmul ceiling: {results['ceiling_gflops']:.1f} GFLOP/s; "
+             f"batch={cfg['batch']} heads={cfg['heads']} D={cfg['dim']} M={cfg['value_dim']} "
+             f"{cfg['dtype']}; peers: {results['peers_note']}", "", "targets"]
+    parts.append(_table(["target", "measured", "goal", "met"],
+                        [(t, _fmt(v), g, "-" if ok is None else ("yes" if ok else "NO"))
+                         for t, v, g, ok in results["targets"]]))
+    rows = results["scaling"] + (results.get("peers") or {}).get("scaling", [])
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    ns = sorted({r["n"] for r in rows})
+    for key, title, scale in (("forward_s", "forward, ms", 1e3),
+                              ("forward_backward_s", "forward + backward, ms", 1e3),
+                              ("peak_extra_bytes", "peak extra memory of fwd+bwd, MiB",
+                               2.0**-20)):
+        table = [[n] + [_fmt((_find(rows, c, n=n) or {}).get(key), scale, 1) for c in cases]
+                 for n in ns]
+        parts += ["", title, _table(["N"] + cases, table)]
+    gen = results["generation"]
+    gcases = list(dict.fromkeys(r["case"] for r in gen))
+    positions = sorted({r["position"] for r in gen})
+    table = [[t] + [_fmt((_find(gen, c, position=t) or {}).get("seconds_per_token"), 1e6, 1)
+                    for c in gcases] for t in positions]
+    parts += ["", "generation: microseconds per token at each position",
+              _table(["position"] + gcases, table)]
+    cross = results["crossover"]
+    if cross:
+        table = [[r["heads"], r["width"], r["case"], _fmt(r["forward_backward_s"], 1e3, 1)]
+                 for r in cross]
+        parts += ["", f"loops or blocks: causal fwd+bwd ms at N={cfg['cross_n']}",
+                  _table(["heads", "D=M", "case", "ms"], table)]
+    return "\n".join(parts) + "\n"
+
+
+def write(results, out_dir):
+    """results.json is written by the caller; here the CSV files and bench.txt."""
+    for key in ("scaling", "generation", "crossover"):
+        rows = results[key]
+        if key == "scaling":
+            rows = rows + (results.get("peers") or {}).get("scaling", [])
+        if not rows:
+            continue
+        fields = list(dict.fromkeys(k for r in rows for k in r))
+        with open(os.path.join(out_dir, f"bench_{key}.csv"), "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            writer.writeheader()
+            writer.writerows(rows)
+    with open(os.path.join(out_dir, "bench.txt"), "w") as f:
+        f.write(text(results))

@@ -1,0 +1,126 @@
+"""How the benchmark measures: wall time, peak memory, the machine, and its matmul ceiling.
+
+- ``seconds``: median and best wall time of a call, after warm-up calls (compilation,
+  caches). Tables show medians; the targets compare best times, which other processes on a
+  shared machine disturb least.
+- ``peak_bytes``: the largest amount of NumPy memory a call holds beyond what existed
+  before it (``tracemalloc`` sees every NumPy array, including those the kernels write
+  into; the few small buffers Numba allocates inside a compiled loop are not counted).
+- ``machine``: CPU model, cores, library versions, the BLAS from threadpoolctl if installed.
+- ``matmul_gflops``: float32 matrix-product GFLOP/s through NumPy, the ceiling each result is
+  compared with.
+"""
+import os
+import platform
+import sys
+import time
+import tracemalloc
+
+import numpy as np
+
+
+def seconds(f, repeats=5, warmup=1):
+    """(median, best) wall time of ``f()`` over ``repeats`` calls, after ``warmup`` calls."""
+    for _ in range(warmup):
+        f()
+    times = [_time_once(f) for _ in range(repeats)]
+    return float(np.median(times)), min(times)
+
+
+def peak_bytes(f):
+    """Peak bytes of NumPy memory held during ``f()`` beyond what was held before it."""
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        f()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak - before
+
+
+def matmul_gflops(n=2048, repeats=5):
+    """Float32 (n x n) @ (n x n) GFLOP/s through NumPy's BLAS: the best of ``repeats``."""
+    a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
+    a @ a
+    best = min(_time_once(lambda: a @ a) for _ in range(repeats))
+    return 2 * n**3 / best / 1e9
+
+
+def _time_once(f):
+    start = time.perf_counter()
+    f()
+    return time.perf_counter() - start
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _blas():
+    """threadpoolctl's description of the BLAS (kernel, threads), when it is installed."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return "threadpoolctl not installed"
+    return [{key: info.get(key) for key in ("internal_api", "version", "architecture",
+                                             "num_threads", "threading_layer")}
+            for info in threadpool_info() if info.get("user_api") == "blas"]
+
+
+def machine():
+    """A JSON-ready description of this machine and the libraries the numbers depend on."""
+    import numba
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cpu": _cpu_model(),
+        "cores_available": cores,
+        "python": sys.version.split()[0],
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "numba_threads": numba.get_num_threads(),
+        "numba_threading_layer": _threading_layer(numba),
+        "blas": _blas(),
+        "openblas_env": {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
+                                                    "OPENBLAS_NUM_THREADS")
+                         if k in os.environ},
+        "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+    }
+
+
+def _threading_layer(numba):
+    try:
+        return numba.threading_layer()
+    except ValueError:  # no parallel function has run yet
+        return None
+
+
+class Progress:
+    """A one-line progress bar on stderr: ``[ 3/40] causal numba N=4096``."""
+
+    def __init__(self, total, quiet=False):
+        self.total, self.done, self.quiet = total, 0, quiet
+        self.start = time.perf_counter()
+
+    def step(self, label):
+        self.done += 1
+        if not self.quiet:
+            elapsed = time.perf_counter() - self.start
+            width = 24
+            filled = width * self.done // max(self.total, 1)
+            bar = "#" * filled + "." * (width - filled)
+            print(f"\r[{bar}] {self.done}/{self.total} {elapsed:5.0f}s {label:<40.40}",
+                  end="", file=sys.stderr, flush=True)
+
+    def close(self):
+        if not self.quiet:
+            print(file=sys.stderr)

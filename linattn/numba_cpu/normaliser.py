@@ -1,0 +1,115 @@
+"""Normalised linear attention and its backward around any product, for the Numba backend:
+Eq. (5)/(9)-(12) forward and the O(N)-memory backward of section 3.3.1, Eq. (13)-(15), of
+Katharopoulos et al. (2020), arXiv:2006.16236, plus the elu+1 feature map (Eq. 7) in one pass.
+
+A *product* is a function ``product(a, b, c, *, reverse, eps, out, den)`` writing
+out_i = c_i^T sum_{j <= i} a_j b_j^T (j >= i if reverse, all j if not causal) into ``out``,
+normalised by c_i^T sum_j a_j + eps (also written to ``den``) when ``eps`` is not None, on
+(R, N, W) rows: C-contiguous, batch x heads flattened. ``loops`` gives the compiled loops,
+``chunked`` the matrix products. ``attend`` and ``attend_backward`` take (..., N, W) arrays in
+the compute dtype and make the rows. NumPy's ``forms.normaliser`` is the oracle.
+"""
+import math
+
+import numpy as np
+from numba import njit
+
+
+def _rows(x):
+    """(..., N, W) -> (R, N, W), C-contiguous: R rows of batch x heads."""
+    return np.ascontiguousarray(x.reshape(math.prod(x.shape[:-2]), *x.shape[-2:]))
+
+
+def attend(product, phi_q, phi_k, v, eps, elu=False):
+    """out_i = phi_q_i^T S_i / (phi_q_i^T z_i + eps): one normalised product, (..., N, M).
+
+    With ``elu``, phi_q and phi_k are the raw q and k, and elu+1 is applied here.
+    """
+    q, k, v_rows = _rows(phi_q), _rows(phi_k), _rows(v)
+    if elu:
+        q, k = elu_features(q), elu_features(k)
+    out = np.empty_like(v_rows)
+    den = np.empty(v_rows.shape[:-1], dtype=v.dtype)
+    product(k, v_rows, q, reverse=False, eps=eps, out=out, den=den)
+    return out.reshape(v.shape)
+
+
+def attend_backward(product, dout, phi_q, phi_k, v, eps, elu=False):
+    """(dphi_q, dphi_k, dv) by four products, none storing a state per position.
+
+    With out = num / den, dnum = dout / den and dden = -dout . out / den (one more column of
+    dnum1 = [dnum, dden], as v1 = [v, 1] carries the normaliser):
+        dphi_q_i = sum_{j <= i} (dnum1_i . v1_j) phi_k_j        Eq. (13), forward in time
+        dphi_k_i = sum_{j >= i} (v1_i . dnum1_j) phi_q_j        Eq. (14), backward in time
+        dv_i     = sum_{j >= i} (phi_k_i . phi_q_j) dnum_j      Eq. (15), backward in time
+    With ``elu``, the inputs are the raw q and k and the gradients are (dq, dk, dv).
+    Memory: O(N (F + M)), a few arrays of the inputs' size; O(F M) per worker.
+    """
+    x_q, x_k, v_rows = _rows(phi_q), _rows(phi_k), _rows(v)
+    q, k = (elu_features(x_q), elu_features(x_k)) if elu else (x_q, x_k)
+    out = np.empty_like(v_rows)
+    den = np.empty(v_rows.shape[:-1], dtype=v.dtype)
+    product(k, v_rows, q, reverse=False, eps=eps, out=out, den=den)   # recompute out, den
+    dnum1, v1 = _backward_inputs(_rows(dout), out, den, v_rows)
+    del out
+    dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v_rows)
+    product(v1, k, dnum1, reverse=False, eps=None, out=dq, den=den)     # Eq. (13)
+    product(dnum1, q, v1, reverse=True, eps=None, out=dk, den=den)      # Eq. (14)
+    product(q, dnum1, k, reverse=True, eps=None, out=dv, den=den)       # Eq. (15), dnum only
+    if elu:
+        dq, dk = elu_vjp_(x_q, q, dq), elu_vjp_(x_k, k, dk)
+    return dq.reshape(phi_q.shape), dk.reshape(phi_k.shape), dv.reshape(v.shape)
+
+
+def _backward_inputs(dout, out, den, v):
+    dnum1 = np.empty((*v.shape[:-1], v.shape[-1] + 1), dtype=v.dtype)
+    v1 = np.empty_like(dnum1)
+    _fill_backward_inputs(dout, out, den, v, dnum1, v1)
+    return dnum1, v1
+
+
+@njit(cache=True, error_model="numpy")
+def _fill_backward_inputs(dout, out, den, v, dnum1, v1):
+    """dnum1 = [dout / den, -dout . out / den] and v1 = [v, 1], row by row. (R, N, M + 1).
+
+    Serial, like every pass here but the products: it is memory-bound, and idle Numba
+    threads would spin beside the BLAS threads of the matrix-product form.
+    """
+    rows, n, m = v.shape
+    one = v.dtype.type(1)
+    for r, i in np.ndindex(rows, n):
+        d = den[r, i]
+        dot = v.dtype.type(0)
+        for j in range(m):
+            dnum1[r, i, j] = dout[r, i, j] / d
+            dot += dout[r, i, j] * out[r, i, j]
+            v1[r, i, j] = v[r, i, j]
+        dnum1[r, i, m] = -dot / d                  # the normaliser's gradient
+        v1[r, i, m] = one
+
+
+def elu_features(x):
+    """phi(x) = elu(x) + 1, Eq. (7): exp(min(x, 0)) by NumPy's SIMD exp, then x + 1 where
+    x > 0. Three passes and one array; NaN stays NaN. Shape as x (C-contiguous)."""
+    phi = np.minimum(x, 0)
+    np.exp(phi, out=phi)
+    _plus_one_where_positive(x, phi)
+    return phi
+
+
+@njit(cache=True, error_model="numpy")
+def _plus_one_where_positive(x, phi):
+    flat_x, flat_phi = x.reshape(x.size), phi.reshape(phi.size)
+    one = x.dtype.type(1)
+    for i in range(flat_x.size):
+        flat_phi[i] = flat_x[i] + one if flat_x[i] > 0 else flat_phi[i]  # a select, no branch
+
+
+@njit(cache=True, error_model="numpy")
+def elu_vjp_(x, phi, dphi):
+    """dphi *= d phi / dx, in place: 1 where x > 0, else exp(x) = phi(x). Returns dphi."""
+    flat_x, flat_phi, flat_d = x.reshape(x.size), phi.reshape(phi.size), dphi.reshape(dphi.size)
+    one = x.dtype.type(1)
+    for i in range(flat_x.size):
+        flat_d[i] *= one if flat_x[i] > 0 else flat_phi[i]
+    return dphi

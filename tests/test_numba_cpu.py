@@ -1,0 +1,149 @@
+"""The Numba backend's own machinery: state blocks, the fused elu+1, the dtype policy inside
+the loops, the compile cache, and how "auto" picks a backend. Its agreement with the oracle is
+tested with every other path, by the parametrised tests of test_linear, test_recurrent and
+test_softmax."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from numba import njit
+
+from linattn import _checks, linear, linear_attention, linear_attention_backward
+from linattn.feature_maps import EluPlusOne
+from linattn.numba_cpu import normaliser, products, softmax, step
+
+from conftest import random_qkv
+
+
+def run_product(causal, n_blocks, reverse, eps, seed=0):
+    a, c, b = random_qkv(seed, 23, 5, 37, (2,))          # a, c (2, 23, 5); b (2, 23, 37)
+    a, c = np.exp(a), np.exp(c)
+    out, den = np.empty((2, 23, 35)), np.empty((2, 23))  # out narrower than b, as for dv
+    if causal:
+        products.causal_product(a, b, c, reverse, eps, out, den, n_blocks)
+    else:
+        products.global_product(a, b, c, eps, out, den, n_blocks)
+    return out, den
+
+
+@pytest.mark.parametrize("causal, reverse", [(True, False), (True, True), (False, False)])
+@pytest.mark.parametrize("eps", [-1.0, 1e-6])
+@pytest.mark.parametrize("n_blocks", [2, 3])
+def test_state_blocks_change_nothing(causal, reverse, eps, n_blocks):
+    # the state in 2 or 3 unequal blocks: 5 rows (causal, partial readouts summed after)
+    # or 35 columns (global, each unit recomputing the normaliser)
+    want_out, want_den = run_product(causal, 1, reverse, eps)
+    got_out, got_den = run_product(causal, n_blocks, reverse, eps)
+    np.testing.assert_allclose(got_out, want_out, rtol=1e-12)
+    if eps >= 0:
+        np.testing.assert_allclose(got_den, want_den, rtol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["linear", "chunked"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_one_wide_row_matches_the_oracle(method, causal):
+    # one row and 48 columns: two threads split the state's columns between them
+    q, k, v = random_qkv(1, 70, 40, 48)
+    dout = np.random.default_rng(2).standard_normal(v.shape)
+    kw = dict(causal=causal, chunk_size=16)
+    want = linear_attention(q, k, v, method="quadratic", backend="numpy", **kw)
+    got = linear_attention(q, k, v, method=method, backend="numba", **kw)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    grads = linear_attention_backward(dout, q, k, v, method=method, backend="numba", **kw)
+    oracle = linear_attention_backward(dout, q, k, v, method="quadratic", backend="numpy", **kw)
+    for g, w in zip(grads, oracle):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-11)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_elu_is_the_feature_map_bit_for_bit(dtype):
+    x = np.array([-np.inf, -30.0, -1.5, -1e-30, -0.0, 0.0, 1e-30, 0.7, 3.0, np.inf, np.nan])
+    x = np.concatenate([x, np.random.default_rng(3).standard_normal(50)]).astype(dtype)
+    phi = EluPlusOne()
+    np.testing.assert_array_equal(normaliser.elu_features(x), phi.forward(x))
+    dphi = np.linspace(-2, 2, x.size).astype(dtype)
+    want = phi.vjp(x, dphi)
+    np.testing.assert_array_equal(normaliser.elu_vjp_(x, phi.forward(x), dphi.copy()), want)
+
+
+def float64_in_ir(function, *args):
+    """Whether the loop body of ``function`` (compiled serially, uncached) does any double
+    arithmetic or conversion for these arguments."""
+    serial = njit(error_model="numpy")(function.py_func)
+    serial(*args)
+    ir = "\n".join(serial.inspect_llvm().values())
+    return any(op in ir for op in ("fadd double", "fmul double", "fdiv double", "fpext"))
+
+
+def test_float32_stays_float32_inside_the_loops():
+    x = np.ones((2, 5, 4), np.float32)
+    out, den, eps = np.empty_like(x), np.empty((2, 5), np.float32), np.float32(1e-6)
+    assert not float64_in_ir(products.causal_product, x, x, x, False, eps, out, den, 1)
+    assert not float64_in_ir(products.global_product, x, x, x, eps, out, den, 1)
+    s, z = np.zeros((2, 4, 4), np.float32), np.zeros((2, 4), np.float32)
+    assert not float64_in_ir(step._step, x[:, 0], x[:, 0], x[:, 0], s, z, eps, True,
+                             x[:, 0].copy(), s.copy(), z.copy())
+    stats = np.empty((3, 2, 5), np.float32)
+    xt = np.ascontiguousarray(x.swapaxes(-1, -2))
+    assert not float64_in_ir(softmax._by_queries, x, x, xt, x, xt, x, True, eps, out, x.copy(),
+                             stats, 1)
+    assert not float64_in_ir(softmax._by_keys, x, xt, x, x, x, xt, True, eps, stats, out,
+                             x.copy(), 1)
+    # the check can fail: the same loop given a float64 scalar computes in double
+    assert float64_in_ir(products.causal_product, x, x, x, False, 1e-6, out, den, 1)
+
+
+CACHE_PROBE = """
+import numpy as np
+import linattn
+from linattn.numba_cpu import products
+q = np.ones((1, 4, 8, 3), np.float32)
+linattn.linear_attention(q, q, q, causal=True, method="linear", backend="numba")
+stats = products.causal_product.stats
+print(sum(stats.cache_hits.values()), sum(stats.cache_misses.values()))
+"""
+
+
+def test_a_second_process_loads_the_compiled_loops():
+    for _ in range(2):  # the first run may compile (and save); the second must not
+        run = subprocess.run([sys.executable, "-c", CACHE_PROBE], capture_output=True,
+                             text=True, check=True)
+    hits, misses = map(int, run.stdout.split())
+    assert hits == 1 and misses == 0
+
+
+def test_auto_is_numba_when_it_imports_and_numpy_when_not(monkeypatch):
+    kernel, backend = linear._kernel("auto", "auto", True, np)
+    assert backend == "numba" and kernel.__name__ == "linattn.numba_cpu"
+    assert linear._kernel("quadratic", "auto", True, np)[1] == "numpy"
+    monkeypatch.setattr(_checks, "_numba_imports", lambda: False)
+    kernel, backend = linear._kernel("auto", "auto", True, np)
+    assert backend == "numpy" and kernel.__name__ == "linattn.forms.chunked"
+    q, k, v = random_qkv(4, 5, 3, 2)
+    with pytest.raises(ValueError, match="needs the numba package"):
+        linear_attention(q, k, v, backend="numba")
+
+
+def test_numba_names_the_methods_it_runs():
+    q, k, v = random_qkv(5, 5, 3, 2)
+    with pytest.raises(ValueError, match="'quadratic' has no numba kernel.*linear, recurrent"):
+        linear_attention(q, k, v, method="quadratic", backend="numba")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_softmax_float32_and_views(causal):
+    from linattn import softmax_attention, softmax_attention_backward
+    q, k, v = random_qkv(6, 300, 8, 12, (2,))
+    views = q[:, ::-1], k[:, ::-1], v[:, ::-1, ::2]
+    dout = np.random.default_rng(7).standard_normal((2, 300, 6)).astype(np.float32)
+    want = softmax_attention(*(np.ascontiguousarray(x) for x in views), causal=causal,
+                             backend="numpy")
+    got = softmax_attention(*(x.astype(np.float32) for x in views), causal=causal,
+                            backend="numba")
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    grads = softmax_attention_backward(dout, *views, causal=causal, backend="numba")
+    oracle = softmax_attention_backward(dout, *views, causal=causal, backend="numpy")
+    for g, w in zip(grads, oracle):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
