@@ -274,9 +274,20 @@ def _copy_task(out, quick):
     return copy_task_loss(rows, out / "copy_task_loss", title=title)
 
 
-# The figures ``main`` regenerates: (name, function(out_dir, quick) -> paths). The timing and
-# memory figures join this list once ``linattn.bench`` provides their rows.
-FIGURES = [("feature_map_error", _feature_maps), ("copy_task_loss", _copy_task)]
+def _benchmark(out, quick):
+    """One benchmark run (its files go to out/data) drawn three ways."""
+    scaling, tokens = measure.benchmark_rows(out / "data", quick)
+    size = "batch 1, 8 heads, D = M = 64, float32"
+    return (*time_vs_n(scaling, out / "time_vs_n", title=f"Time against N: {size}"),
+            *memory_vs_n(scaling, out / "memory_vs_n",
+                         title=f"Peak extra memory of forward + backward: {size}"),
+            *time_per_token(tokens, out / "time_per_token",
+                            title="Generating one token: 8 heads, D = M = 64"))
+
+
+# The figures ``main`` regenerates: (name, function(out_dir, quick) -> paths).
+FIGURES = [("time_vs_n, memory_vs_n, time_per_token", _benchmark),
+           ("feature_map_error", _feature_maps), ("copy_task_loss", _copy_task)]
 
 
 def main(argv=None):

@@ -6,9 +6,13 @@ figure functions only draw. For Katharopoulos et al. (2020), arXiv:2006.16236.
 - ``copy_task_rows``: loss curves of a linear and a softmax transformer trained on the copy
   task (section 4.1, figure 2 of the paper), for ``figures.copy_task_loss``.
 
-Timing and memory rows come from ``linattn.bench``. Nothing here draws or imports
-matplotlib; the figures and the notebooks call these functions.
+- ``benchmark_rows``: time, memory and time per generated token from one run of
+  ``linattn.bench`` (sections 3.3-3.4, figure 1 of the paper), for ``figures.time_vs_n``,
+  ``figures.memory_vs_n`` and ``figures.time_per_token``.
+
+Nothing here draws or imports matplotlib; the figures and the notebooks call these functions.
 """
+import json
 import os
 
 import numpy as np
@@ -113,3 +117,41 @@ def copy_task_rows(out_dir, steps=1000, batch_size=32, eval_every=50, seed=0, le
                 row[key] = None if np.isnan(log[key][i]) else float(log[key][i])
             rows.append(row)
     return rows
+
+
+# the benchmark's cases under the names the figures show
+BENCH_NAMES = {"softmax numpy": "softmax (NumPy)", "non-causal numba": "linear (Numba)",
+               "causal numpy chunked": "causal linear (NumPy, chunked)",
+               "causal numba": "causal linear (Numba)", "rnn step": "RNN step (Numba)",
+               "softmax kv-cache numpy": "softmax, key/value cache",
+               "recompute prefix numba": "linear, recomputing the prefix"}
+
+
+def benchmark_rows(out_dir, quick=False):
+    """Run ``python -m linattn.bench`` once into ``out_dir`` (bench.json, bench_*.csv,
+    bench.txt) on the cases of ``BENCH_NAMES``: batch 1, 8 heads, D = M = 64, float32, N up
+    to 16384 (quick: 1024), the crossover at D = M = 64 only, no peers. About 6 minutes on two
+    cores (quick: seconds).
+
+    Returns
+    -------
+    scaling : list of dict
+        name, n, seconds_fwd, seconds_fwdbwd, peak_bytes (medians; bytes of one fwd + bwd).
+    tokens : list of dict
+        name, position, seconds_per_token.
+    """
+    from . import bench
+
+    args = ["--out", str(out_dir), "--no-peers", "--widths", "64", "--cases",
+            *(c for c in BENCH_NAMES if c in bench.cases.CASES)]
+    args += ["--quick"] if quick else ["--max-n", "16384", "--budget", "5", "--repeats", "3",
+                                       "--gen-positions", "4096"]
+    bench.main(args)
+    with open(os.path.join(out_dir, "bench.json")) as f:
+        results = json.load(f)
+    scaling = [{"name": BENCH_NAMES[r["case"]], "n": r["n"], "seconds_fwd": r["forward_s"],
+                "seconds_fwdbwd": r["forward_backward_s"], "peak_bytes": r["peak_extra_bytes"]}
+               for r in results["scaling"]]
+    tokens = [{"name": BENCH_NAMES[r["case"]], "position": r["position"],
+               "seconds_per_token": r["seconds_per_token"]} for r in results["generation"]]
+    return scaling, tokens
