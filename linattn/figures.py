@@ -277,10 +277,9 @@ def _copy_task(out, quick):
 def _benchmark(out, quick):
     """One benchmark run (its files go to out/data) drawn three ways."""
     scaling, tokens = measure.benchmark_rows(out / "data", quick)
-    size = "batch 1, 8 heads, D = M = 64, float32"
-    return (*time_vs_n(scaling, out / "time_vs_n", title=f"Time against N: {size}"),
-            *memory_vs_n(scaling, out / "memory_vs_n",
-                         title=f"Peak extra memory of forward + backward: {size}"),
+    size = "8 heads, D = M = 64, float32"
+    return (*time_vs_n(scaling, out / "time_vs_n", title=f"Time against N ({size})"),
+            *memory_vs_n(scaling, out / "memory_vs_n", title=f"Forward + backward ({size})"),
             *time_per_token(tokens, out / "time_per_token",
                             title="Generating one token: 8 heads, D = M = 64"))
 
