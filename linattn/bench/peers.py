@@ -76,8 +76,10 @@ def _runners(torch, forward, args, dout):
 
 
 def generation(torch, h, d, m, positions):
-    """Seconds per token of pft's RecurrentLinearAttention step at each position."""
+    """Seconds per token of pft's RecurrentLinearAttention step at each position, on one
+    thread like linattn's step: a token's work is too small to share."""
     from fast_transformers.recurrent.attention import RecurrentLinearAttention
+    torch.set_num_threads(1)
     step = RecurrentLinearAttention(d)
     gen = torch.Generator().manual_seed(1)
     q, k = (torch.randn(positions, 1, h, d, generator=gen) for _ in range(2))
@@ -110,11 +112,11 @@ def main(config):
             start = time.perf_counter()
             both()
             reps = config["repeats"] if time.perf_counter() - start < 2.0 else 1
-            row = {"case": name, "n": n}
-            row["forward_s"], row["forward_best_s"] = seconds(forward, reps)
-            row["forward_backward_s"], row["forward_backward_best_s"] = seconds(both, reps)
+            row = {"name": name, "n": n}
+            row["seconds_fwd"], row["seconds_fwd_best"] = seconds(forward, reps)
+            row["seconds_fwdbwd"], row["seconds_fwdbwd_best"] = seconds(both, reps)
             result["scaling"].append(row)
-            if row["forward_backward_s"] > config["budget"]:
+            if row["seconds_fwdbwd"] > config["budget"]:
                 stopped.add(name)
     if result["fast_transformers"]:
         result["generation"] = generation(torch, config["heads"], config["dim"],
