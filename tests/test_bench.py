@@ -8,12 +8,12 @@ def test_quick_bench_writes_results(tmp_path, capsys):
     assert main(["bench", "--quick", "--no-peers", "--no-progress", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "bench.json").read_text())
     assert results["machine"]["cpu"] and results["ceiling_gflops"] > 0
-    cases = {row["name"] for row in results["scaling"]}
+    cases = {row["case"] for row in results["scaling"]}
     assert {"softmax numpy", "causal numba", "causal numpy chunked"} <= cases
     for row in results["scaling"]:
-        assert row["seconds_fwd"] > 0 and row["seconds_fwdbwd"] > 0
+        assert row["forward_s"] > 0 and row["forward_backward_s"] > 0
     # linear memory: 8x the positions, at most ~9x the bytes; softmax's grows faster
-    memory = {(r["name"], r["n"]): r["peak_bytes"] for r in results["scaling"]}
+    memory = {(r["case"], r["n"]): r["peak_extra_bytes"] for r in results["scaling"]}
     assert memory["causal numba", 1024] < 9 * memory["causal numba", 128]
     assert memory["softmax numpy", 1024] > 20 * memory["softmax numpy", 128]
     assert len(results["targets"]) == 8

@@ -82,10 +82,10 @@ def measure(name, q, k, v, dout, repeats, pause, memory=True):
     start = time.perf_counter()
     both()                                                    # warm-up, and a size probe
     reps = repeats if time.perf_counter() - start < 2.0 else 1
-    row = {"name": name, "n": q.shape[-2]}
-    row["seconds_fwd"], row["seconds_fwd_best"] = timing.seconds(lambda: forward(q, k, v), reps, 0)
-    row["seconds_fwdbwd"], row["seconds_fwdbwd_best"] = timing.seconds(both, reps, 0)
-    row["peak_bytes"] = timing.peak_bytes(both) if memory else None
+    row = {"case": name, "n": q.shape[-2]}
+    row["forward_s"], row["forward_best_s"] = timing.seconds(lambda: forward(q, k, v), reps, 0)
+    row["forward_backward_s"], row["forward_backward_best_s"] = timing.seconds(both, reps, 0)
+    row["peak_extra_bytes"] = timing.peak_bytes(both) if memory else None
     return row
 
 
@@ -105,7 +105,7 @@ def scaling(cfg, progress):
                 continue
             row = measure(name, q, k, v, dout, cfg.repeats, cfg.pause)
             rows.append(row)
-            if row["seconds_fwdbwd"] > cfg.budget:
+            if row["forward_backward_s"] > cfg.budget:
                 stopped.add(name)
     return rows
 
@@ -141,16 +141,16 @@ def generation(cfg, progress):
         per_token[t] = time.perf_counter() - start
     for t in _positions(n):
         window = per_token[max(0, t - max(1, t // 8)):t]  # the tokens just before position t
-        rows.append({"name": "rnn step", "position": t, "seconds_per_token":
+        rows.append({"case": "rnn step", "position": t, "seconds_per_token":
                      float(np.median(window))})
     for t in _positions(n):
         progress.step(f"generation: softmax cache, recompute t={t}")
         prefix = q[:, :, :t], k[:, :, :t], v[:, :, :t]
         f = functools.partial(softmax_cache_step, q[:, :, t - 1], *prefix[1:])
-        rows.append({"name": "softmax kv-cache numpy", "position": t,
+        rows.append({"case": "softmax kv-cache numpy", "position": t,
                      "seconds_per_token": timing.seconds(f, cfg.repeats)[0]})
         f = functools.partial(linear_attention, *prefix, causal=True)
-        rows.append({"name": "recompute prefix numba", "position": t,
+        rows.append({"case": "recompute prefix numba", "position": t,
                      "seconds_per_token": timing.seconds(f, cfg.repeats)[0]})
     summary = {"median_s": float(np.median(per_token)),
                "first_1024_median_s": float(np.median(per_token[:1024])),

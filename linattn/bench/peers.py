@@ -112,11 +112,11 @@ def main(config):
             start = time.perf_counter()
             both()
             reps = config["repeats"] if time.perf_counter() - start < 2.0 else 1
-            row = {"name": name, "n": n}
-            row["seconds_fwd"], row["seconds_fwd_best"] = seconds(forward, reps)
-            row["seconds_fwdbwd"], row["seconds_fwdbwd_best"] = seconds(both, reps)
+            row = {"case": name, "n": n}
+            row["forward_s"], row["forward_best_s"] = seconds(forward, reps)
+            row["forward_backward_s"], row["forward_backward_best_s"] = seconds(both, reps)
             result["scaling"].append(row)
-            if row["seconds_fwdbwd"] > config["budget"]:
+            if row["forward_backward_s"] > config["budget"]:
                 stopped.add(name)
     if result["fast_transformers"]:
         result["generation"] = generation(torch, config["heads"], config["dim"],

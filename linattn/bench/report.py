@@ -7,9 +7,9 @@ import numpy as np
 
 
 def _find(rows, name, **where):
-    """The first row named ``name`` matching ``where``, or None."""
+    """The first row of the case ``name`` matching ``where``, or None."""
     for row in rows:
-        if row["name"] == name and all(row.get(k) == v for k, v in where.items()):
+        if row["case"] == name and all(row.get(k) == v for k, v in where.items()):
             return row
     return None
 
@@ -30,11 +30,11 @@ def targets(results):
     threads = results["threads"]
     rows = [
         (f"causal fwd+bwd N={n}: pft CausalLinearAttention / numba",
-         _ratio(pft and pft["seconds_fwdbwd_best"],
-                ours and ours["seconds_fwdbwd_best"]),
+         _ratio(pft and pft["forward_backward_best_s"],
+                ours and ours["forward_backward_best_s"]),
          ">= 5", lambda x: x >= 5),
         (f"causal forward N={n}: fraction of float32 matmul GFLOP/s",
-         _ratio(ours and flops / ours["seconds_fwd_best"] / 1e9, ceiling), ">= 0.40",
+         _ratio(ours and flops / ours["forward_best_s"] / 1e9, ceiling), ">= 0.40",
          lambda x: x >= 0.4),
         (f"causal forward N={n}, heads=1: fraction of matmul GFLOP/s",
          _ratio(flops / cfg["heads"] / threads["all_s"] / 1e9, ceiling), ">= 0.40",
@@ -42,18 +42,18 @@ def targets(results):
         (f"causal forward N={n}, heads=1: {threads['threads']} threads / 1 thread speedup",
          _ratio(threads["one_s"], threads["all_s"]), ">= 1.6", lambda x: x >= 1.6),
     ]
-    big = max((r for r in scaling if r["name"] == "causal numba"), key=lambda r: r["n"],
+    big = max((r for r in scaling if r["case"] == "causal numba"), key=lambda r: r["n"],
               default=None)
     if big is not None:
         inputs = 2 * (cfg["dim"] + cfg["value_dim"]) * big["n"] * cfg["batch"] * cfg["heads"]
         inputs *= np.dtype(cfg["dtype"]).itemsize
         rows.append((f"causal fwd+bwd N={big['n']}: peak extra memory / bytes of q,k,v,dout",
-                     _ratio(big["peak_bytes"], inputs), "<= 4", lambda x: x <= 4))
+                     _ratio(big["peak_extra_bytes"], inputs), "<= 4", lambda x: x <= 4))
     gen, summary = results["generation"], results["generation_summary"]
     last = cfg["gen_positions"]
     step = _find(gen, "rnn step", position=last)
     cache = min((r["seconds_per_token"] for r in gen
-                 if r["name"].startswith("softmax kv-cache") and r["position"] == last),
+                 if r["case"].startswith("softmax kv-cache") and r["position"] == last),
                 default=None)
     pft_step = peers.get("generation")
     rows += [
@@ -92,17 +92,17 @@ def text(results):
                         [(t, _fmt(v), g, "-" if ok is None else ("yes" if ok else "NO"))
                          for t, v, g, ok in results["targets"]]))
     rows = results["scaling"] + (results.get("peers") or {}).get("scaling", [])
-    cases = list(dict.fromkeys(r["name"] for r in rows))
+    cases = list(dict.fromkeys(r["case"] for r in rows))
     ns = sorted({r["n"] for r in rows})
-    for key, title, scale in (("seconds_fwd", "forward, ms", 1e3),
-                              ("seconds_fwdbwd", "forward + backward, ms", 1e3),
-                              ("peak_bytes", "peak extra memory of fwd+bwd, MiB",
+    for key, title, scale in (("forward_s", "forward, ms", 1e3),
+                              ("forward_backward_s", "forward + backward, ms", 1e3),
+                              ("peak_extra_bytes", "peak extra memory of fwd+bwd, MiB",
                                2.0**-20)):
         table = [[n] + [_fmt((_find(rows, c, n=n) or {}).get(key), scale, 1) for c in cases]
                  for n in ns]
         parts += ["", title, _table(["N"] + cases, table)]
     gen = results["generation"]
-    gcases = list(dict.fromkeys(r["name"] for r in gen))
+    gcases = list(dict.fromkeys(r["case"] for r in gen))
     positions = sorted({r["position"] for r in gen})
     table = [[t] + [_fmt((_find(gen, c, position=t) or {}).get("seconds_per_token"), 1e6, 1)
                     for c in gcases] for t in positions]
@@ -110,10 +110,10 @@ def text(results):
               _table(["position"] + gcases, table)]
     cross = results["crossover"]
     if cross:
-        table = [[r["heads"], r["width"], r["name"], _fmt(r["seconds_fwdbwd"], 1e3, 1)]
+        table = [[r["heads"], r["width"], r["case"], _fmt(r["forward_backward_s"], 1e3, 1)]
                  for r in cross]
         parts += ["", f"loops or blocks: causal fwd+bwd ms at N={cfg['cross_n']}",
-                  _table(["heads", "D=M", "name", "ms"], table)]
+                  _table(["heads", "D=M", "case", "ms"], table)]
     return "\n".join(parts) + "\n"
 
 
