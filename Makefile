@@ -6,12 +6,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: figures notebooks test demo
+.PHONY: figures notebooks test
 
 $(VENV)/installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,notebooks]'
+	$(PY) -m pip install --quiet -e '.[dev,notebooks,digits]'
 	touch $@
 
 figures: $(VENV)/installed notebooks

@@ -1,11 +1,11 @@
-"""The command line: ``python -m linattn {demo,figures,bench,train,generate,speed}``."""
+"""The command line: ``python -m linattn {bench,figures,train,generate,speed} [options]``."""
 import sys
 
-from . import bench, demo, figures
+from . import bench, figures
 from .model import cli
 
-COMMANDS = {"demo": demo.main, "figures": figures.main, "bench": bench.main,
-            "train": cli.train_main, "generate": cli.generate_main, "speed": cli.speed_main}
+COMMANDS = {"bench": bench.main, "figures": figures.main, "train": cli.train_main,
+            "generate": cli.generate_main, "speed": cli.speed_main}
 
 
 def main(argv=None):

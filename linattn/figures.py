@@ -1,23 +1,27 @@
 """The figures: measurement rows -> a PNG and a CSV of the raw numbers beside it.
 
 ``python -m linattn.figures [--quick] [--out DIR]`` (or ``python -m linattn figures``)
-regenerates ``figures/`` from fresh measurements; the notebooks call the same functions on their own small measurements, so no
-figure is drawn two ways. Each figure function takes a list of rows (dicts) and a path, and
-writes ``path.png`` and ``path.csv``; the CSV opens with ``# key: value`` lines naming the
-figure, the machine and the date, and ``read_csv`` reads it back. Row schemas (every row also has ``name``, the curve):
+regenerates ``figures/`` from fresh measurements (``linattn.measure`` computes the rows);
+the notebooks call the same functions on their own small measurements, so no figure is drawn
+two ways. Each figure function takes a list of rows (dicts) and a path, and writes
+``path.png`` and ``path.csv``; the CSV opens with ``# key: value`` lines naming the figure,
+the machine and the date, and ``read_csv`` reads it back. Row schemas (every row also has
+``name``, the curve):
 
 ========================  ==========================================================
 ``feature_map_error``     n_features, seed, scale, kernel_error, output_error
 ``time_vs_n``             n, seconds_fwd, seconds_fwdbwd (either may be missing)
 ``memory_vs_n``           n, peak_bytes
 ``time_per_token``        position (>= 1, tokens in the context), seconds_per_token
+``copy_task_loss``        step (>= 1), train_loss, eval_loss (either may be missing)
 ========================  ==========================================================
 
 Rows with equal name and x are repeats (seeds, runs): a curve shows their median, and a band
-from their minimum to their maximum. A missing or NaN value leaves its point out. Log-log
-curves print their fitted slope in the legend, as in figure 1 of Katharopoulos et al. (2020),
-arXiv:2006.16236: fitted over the larger half of the x values, where fixed overheads matter
-least. matplotlib is imported inside the functions (it is an extra) and draws with Agg.
+from their minimum to their maximum. A missing or NaN value leaves its point out. Every y
+axis is logarithmic; so is every x axis but ``copy_task_loss``'s. Log-log curves print their
+fitted slope in the legend, as in figure 1 of Katharopoulos et al. (2020), arXiv:2006.16236:
+fitted over the larger half of the x values, where fixed overheads matter least. matplotlib
+is imported inside the functions (it is an extra) and draws with Agg.
 """
 import argparse
 import csv
@@ -27,25 +31,27 @@ import os
 import pathlib
 import platform
 import sys
+import tempfile
 import time
 
 import numpy as np
 
-from .feature_maps import Favor, Taylor
-from .linear import linear_attention
-from .softmax import softmax_attention
+from . import measure
 
 FEATURE_MAP_COLUMNS = ("name", "n_features", "seed", "scale", "kernel_error", "output_error")
 TIME_COLUMNS = ("name", "n", "seconds_fwd", "seconds_fwdbwd")
 MEMORY_COLUMNS = ("name", "n", "peak_bytes")
 TOKEN_COLUMNS = ("name", "position", "seconds_per_token")
+COPY_COLUMNS = ("name", "step", "train_loss", "eval_loss")
 
 DPI = 120
 MARKERS = "os^Dvp*hx"
 LABELS = {"seconds_fwd": "forward", "seconds_fwdbwd": "forward + backward",
           "peak_bytes": "peak memory", "kernel_error": "kernel matrix vs exp(q.k / sqrt(D))",
           "output_error": "attention output vs softmax attention",
-          "seconds_per_token": "one generation step"}
+          "seconds_per_token": "one generation step",
+          "train_loss": "training batch (before its step)",
+          "eval_loss": "held-out batches"}
 
 
 # ---- CSV: the raw numbers beside each PNG ---------------------------------------------------
@@ -141,40 +147,43 @@ def slope(xs, ys):
     return float(np.polyfit(np.log(xs[keep]), np.log(ys[keep]), 1)[0])
 
 
-def _check_rows(rows, x, columns):
+def _check_rows(rows, x, columns, loglog):
     if not rows:
         raise ValueError("no rows to draw")
     for key in ("name", x):
         missing = [row for row in rows if key not in row]
         if missing:
             raise ValueError(f"every row needs {key!r} (schema {columns}); got {missing[0]}")
-    if any(float(row[x]) <= 0 for row in rows):
+    if loglog and any(float(row[x]) <= 0 for row in rows):
         raise ValueError(f"{x} must be positive on a log axis, got {min(r[x] for r in rows)}")
 
 
-def _draw(ax, series, names, fit, scale=1.0):
-    """One curve per name: median with markers, a min-max band, the slope in the legend.
-    ``names`` (all the figure's names, in order) fixes each name's colour and marker."""
+def _draw(ax, series, names, loglog, scale=1.0):
+    """One curve per name: median with markers (on about 16 of its points at most), a
+    min-max band, and on log-log axes the slope in the legend. ``names`` (all the figure's
+    names, in order) fixes each name's colour and marker."""
     for name, (xs, med, low, high) in sorted(series.items()):
         i = names.index(name)
-        fitted = slope(xs, med) if fit else None
+        fitted = slope(xs, med) if loglog else None
         label = name if fitted is None else f"{name} (slope {round(fitted, 2) + 0.0:.2f})"
         ax.plot(xs, med * scale, marker=MARKERS[i % len(MARKERS)], color=f"C{i % 10}",
-                label=label)
+                markevery=max(1, len(xs) // 16), label=label)
         if np.any(high > low):
             ax.fill_between(xs, low * scale, high * scale, color=f"C{i % 10}", alpha=0.2)
-    ax.set_xscale("log", base=2)
+    if loglog:
+        ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8)
 
 
-def _figure(rows, path, x, columns, schema, xlabel, ylabel, title, scale=1.0, fit=True):
-    """Draw one log-log panel per column that has data; write path.png and path.csv."""
+def _figure(rows, path, x, columns, schema, xlabel, ylabel, title, scale=1.0, loglog=True):
+    """Draw one panel per column that has data (log-log, or log y over linear x if not
+    ``loglog``); write path.png and path.csv."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    _check_rows(rows, x, schema)
+    _check_rows(rows, x, schema, loglog)
     panels = [(c, _series(rows, x, c)) for c in columns]
     panels = [(c, s) for c, s in panels if s]
     if not panels:
@@ -183,7 +192,7 @@ def _figure(rows, path, x, columns, schema, xlabel, ylabel, title, scale=1.0, fi
     FigureCanvasAgg(fig)
     names = sorted({name for _, series in panels for name in series})
     for ax, (column, series) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
-        _draw(ax, series, names, fit, scale)
+        _draw(ax, series, names, loglog, scale)
         ax.set(xlabel=xlabel, ylabel=ylabel, title=LABELS.get(column, column))
     if title and len(panels) == 1:
         ax.set_title(title)                 # one panel: the title replaces the column's name
@@ -230,63 +239,55 @@ def feature_map_error(rows, path, title=None):
                    FEATURE_MAP_COLUMNS, "number of features F", "relative error", title)
 
 
-# ---- measurements that need only the core ---------------------------------------------------
+def copy_task_loss(rows, path, title=None):
+    """Cross-entropy against training step on the copy task, log y over linear x, as in
+    figure 2 of the paper: one panel for the training batches' loss (``train_loss``, the
+    loss of step s's batch before its update) and one for the held-out loss (``eval_loss``,
+    after s updates; rows without it are left out of that panel). Rows: COPY_COLUMNS, from
+    ``linattn.measure.copy_task_rows``."""
+    return _figure(rows, path, "step", ("train_loss", "eval_loss"), COPY_COLUMNS,
+                   "training step", "cross-entropy (nats per copied symbol)", title,
+                   loglog=False)
 
-def _relative(got, want):
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
-
-def measure_feature_map_error(n_features=(4, 16, 64, 256, 1024, 4096), seeds=range(8), n=128,
-                              d=16, m=16, scale=0.5, data_seed=0):
-    """Rows for ``feature_map_error`` on one random q, k, v: q, k = ``scale`` * N(0, 1) of
-    shape (N, D), v = N(0, 1) of shape (N, M).
-
-    FAVOR+ (``Favor``) at each F and seed, against the softmax kernel exp(q.k / sqrt(D)) and
-    softmax attention; the deterministic maps once, at their own F: Taylor (q, k scaled by
-    D^(-1/4), so its kernel is the 2nd-order expansion of that exp), elu+1 and relu (other
-    kernels: output error only). One FAVOR feature's relative variance is
-    exp(|q' + k'|^2) - 1 with x' = x / D^(1/4): raise ``scale`` to see the error grow.
-    Cost: O(len(n_features) len(seeds) N^2 F).
-    """
-    rng = np.random.default_rng(data_seed)
-    q, k = scale * rng.standard_normal((2, n, d))
-    v = rng.standard_normal((n, m))
-    exact = np.exp(q @ k.T / np.sqrt(d))     # (N, N): the sim of Eq. (3) that gives Eq. (2)
-    soft = softmax_attention(q, k, v)
-    rows = []
-
-    def add(name, f, seed, kernel, out):
-        rows.append({"name": name, "n_features": f, "seed": seed, "scale": scale,
-                     "kernel_error": None if kernel is None else _relative(kernel, exact),
-                     "output_error": _relative(out, soft)})
-
-    for f in n_features:
-        for seed in seeds:
-            phi = Favor(f, seed)
-            add("favor", f, seed, phi.forward(q) @ phi.forward(k).T,
-                linear_attention(q, k, v, feature_map=phi))
-    qs, ks = q * d ** -0.25, k * d ** -0.25
-    taylor = Taylor()
-    add("taylor", 1 + d + d * d, None, taylor.forward(qs) @ taylor.forward(ks).T,
-        linear_attention(qs, ks, v, feature_map=taylor))
-    for name in ("elu+1", "relu"):
-        add(name, d, None, None, linear_attention(q, k, v, feature_map=name))
-    return rows
-
+# ---- the figures of ``python -m linattn.figures`` -----------------------------------------
 
 def _feature_maps(out, quick):
     if quick:
-        rows = measure_feature_map_error(n_features=(4, 16, 64, 256), seeds=range(3))
+        rows = measure.feature_map_error_rows(n_features=(4, 16, 64, 256), seeds=range(3))
     else:
-        rows = measure_feature_map_error()
+        rows = measure.feature_map_error_rows()
     return feature_map_error(rows, out / "feature_map_error",
                              title="Feature maps against softmax: N = 128, D = 16, "
                                    "q, k ~ 0.5 N(0, 1)")
 
 
-# The figures ``main`` regenerates: (name, function(out_dir, quick) -> paths). The timing and
-# memory figures join this list once ``linattn.bench`` provides their rows.
-FIGURES = [("feature_map_error", _feature_maps)]
+def _copy_task(out, quick):
+    """Both attentions trained afresh (the runs go to a temporary folder), on one thread:
+    at these sizes a second one only adds overhead. Full: about 1.5 minutes on one core."""
+    from threadpoolctl import threadpool_limits
+
+    tiny = dict(steps=20, eval_every=5, length=3, d_model=16, n_heads=2, d_mlp=32)
+    with tempfile.TemporaryDirectory() as runs, threadpool_limits(1):
+        rows = measure.copy_task_rows(runs, **(tiny if quick else {}))
+    title = "Copy task" if quick else "Copy task: strings of 1-12 symbols, 2 layers x 4 heads x 16"
+    return copy_task_loss(rows, out / "copy_task_loss", title=title)
+
+
+def _benchmark(out, quick):
+    """One benchmark run (its files go to out/data) drawn three ways."""
+    scaling, tokens = measure.benchmark_rows(out / "data", quick)
+    size = "batch 1, 8 heads, D = M = 64, float32"
+    return (*time_vs_n(scaling, out / "time_vs_n", title=f"Time against N: {size}"),
+            *memory_vs_n(scaling, out / "memory_vs_n",
+                         title=f"Peak extra memory of forward + backward: {size}"),
+            *time_per_token(tokens, out / "time_per_token",
+                            title="Generating one token: 8 heads, D = M = 64"))
+
+
+# The figures ``main`` regenerates: (name, function(out_dir, quick) -> paths).
+FIGURES = [("time_vs_n, memory_vs_n, time_per_token", _benchmark),
+           ("feature_map_error", _feature_maps), ("copy_task_loss", _copy_task)]
 
 
 def main(argv=None):

@@ -28,6 +28,7 @@ CASES = [
     (figures.memory_vs_n, figures.MEMORY_COLUMNS, "n"),
     (figures.time_per_token, figures.TOKEN_COLUMNS, "position"),
     (figures.feature_map_error, figures.FEATURE_MAP_COLUMNS, "n_features"),
+    (figures.copy_task_loss, figures.COPY_COLUMNS, "step"),
 ]
 
 
@@ -75,16 +76,21 @@ def test_bad_rows_are_a_clear_error(tmp_path, rows, match):
         figures.time_vs_n(rows, tmp_path / "t")
 
 
-def test_feature_map_error_measures_favor_converging(tmp_path):
-    rows = figures.measure_feature_map_error(n_features=(4, 1024), seeds=range(2), n=16)
-    favor = {f: np.median([r["kernel_error"] for r in rows
-                           if r["name"] == "favor" and r["n_features"] == f]) for f in (4, 1024)}
-    assert favor[1024] < 0.5 * favor[4]
-    assert {r["name"] for r in rows} == {"favor", "taylor", "elu+1", "relu"}
+def test_copy_task_loss_draws_eval_rows_among_training_rows(tmp_path):
+    # the shape measure.copy_task_rows returns: held-out loss only every few steps
+    rows = [{"name": name, "step": s, "train_loss": 2.0 / s,
+             "eval_loss": 1.5 / s if s % 5 == 0 else None, "eval_acc": 0.5}
+            for name in ("linear", "softmax") for s in range(1, 21)]
+    png, table = figures.copy_task_loss(rows, tmp_path / "copy")
+    back, _ = figures.read_csv(table)
+    assert [r["eval_loss"] for r in back[:5]] == [None] * 4 + [0.3]
+    assert back[0]["eval_acc"] == 0.5                  # extra keys are kept
+    with pytest.raises(ValueError, match="no values"):
+        figures.copy_task_loss([{"name": "a", "step": 1, "eval_loss": None}], tmp_path / "x")
 
 
-def test_main_quick_writes_the_feature_map_figure(tmp_path, capsys):
+def test_main_quick_writes_every_figure(tmp_path, capsys):
     assert figures.main(["--quick", "--out", str(tmp_path)]) == 0
-    assert (tmp_path / "feature_map_error.png").exists()
-    assert (tmp_path / "feature_map_error.csv").exists()
-    assert "[1/" in capsys.readouterr().out
+    for name, _ in figures.FIGURES:
+        assert (tmp_path / f"{name}.png").exists() and (tmp_path / f"{name}.csv").exists()
+    assert f"[{len(figures.FIGURES)}/{len(figures.FIGURES)}]" in capsys.readouterr().out

@@ -52,12 +52,15 @@ def parse(argv):
                    help="the scaling cases")
     p.add_argument("--peer-python", default=sys.executable,
                    help="interpreter with torch (and pytorch-fast-transformers) for the peers")
+    p.add_argument("--widths", type=int, nargs="*", default=[16, 32, 64, 128, 256],
+                   help="D = M of the crossover (none: skip it)")
     p.add_argument("--no-peers", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     cfg = p.parse_args(argv)
     if cfg.quick:
         cfg.max_n, cfg.target_n, cfg.cross_n = 1024, 1024, 512
         cfg.gen_positions, cfg.repeats, cfg.budget, cfg.pause = 1024, 2, 1.0, 0.01
+        cfg.widths = [w for w in cfg.widths if w <= 64]
     cfg.ns = [2**j for j in range(7, cfg.max_n.bit_length()) if 2**j <= cfg.max_n]
     if cfg.target_n not in cfg.ns:
         cfg.ns = sorted(set(cfg.ns) | {cfg.target_n})
@@ -108,7 +111,7 @@ def main(argv=None):
     os.makedirs(cfg.out, exist_ok=True)
     dtype = np.dtype(cfg.dtype)
     cfg.dtype = dtype.name
-    widths = (16, 64) if cfg.quick else (16, 32, 64, 128, 256)
+    widths = cfg.widths
     total = (len(cfg.ns) * len(cfg.cases) + len(cases.CROSSOVER) * len(widths)
              * len({1, cfg.heads}) + 3 + cfg.gen_positions.bit_length())
     progress = timing.Progress(total, quiet=cfg.no_progress)

@@ -1,0 +1,157 @@
+"""Measurements that produce the rows of ``linattn.figures``: each function computes, the
+figure functions only draw. For Katharopoulos et al. (2020), arXiv:2006.16236.
+
+- ``feature_map_error_rows``: feature maps against softmax (Eq. 2-4), for
+  ``figures.feature_map_error``;
+- ``copy_task_rows``: loss curves of a linear and a softmax transformer trained on the copy
+  task (section 4.1, figure 2 of the paper), for ``figures.copy_task_loss``.
+
+- ``benchmark_rows``: time, memory and time per generated token from one run of
+  ``linattn.bench`` (sections 3.3-3.4, figure 1 of the paper), for ``figures.time_vs_n``,
+  ``figures.memory_vs_n`` and ``figures.time_per_token``.
+
+Nothing here draws or imports matplotlib; the figures and the notebooks call these functions.
+"""
+import json
+import os
+
+import numpy as np
+
+from .feature_maps import Favor, Taylor
+from .linear import linear_attention
+from .model.train import DEFAULT_ADAM, TrainConfig, copy_task_curves, read_log
+from .softmax import softmax_attention
+
+
+def _relative(got, want):
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def feature_map_error_rows(n_features=(4, 16, 64, 256, 1024, 4096), seeds=range(8), n=128,
+                           d=16, m=16, scale=0.5, data_seed=0):
+    """Rows for ``figures.feature_map_error`` on one random q, k, v: q, k = ``scale`` *
+    N(0, 1) of shape (N, D), v = N(0, 1) of shape (N, M).
+
+    FAVOR+ (``Favor``) at each F and seed, against the softmax kernel exp(q.k / sqrt(D)) and
+    softmax attention; the deterministic maps once, at their own F: Taylor (q, k scaled by
+    D^(-1/4), so its kernel is the 2nd-order expansion of that exp), elu+1 and relu (other
+    kernels: output error only). One FAVOR feature's relative variance is
+    exp(|q' + k'|^2) - 1 with x' = x / D^(1/4): raise ``scale`` to see the error grow.
+
+    Returns
+    -------
+    rows : list of dict
+        name, n_features, seed, scale, kernel_error, output_error.
+
+    Cost: O(len(n_features) len(seeds) N^2 F).
+    """
+    rng = np.random.default_rng(data_seed)
+    q, k = scale * rng.standard_normal((2, n, d))
+    v = rng.standard_normal((n, m))
+    exact = np.exp(q @ k.T / np.sqrt(d))     # (N, N): the sim of Eq. (3) that gives Eq. (2)
+    soft = softmax_attention(q, k, v)
+    rows = []
+
+    def add(name, f, seed, kernel, out):
+        rows.append({"name": name, "n_features": f, "seed": seed, "scale": scale,
+                     "kernel_error": None if kernel is None else _relative(kernel, exact),
+                     "output_error": _relative(out, soft)})
+
+    for f in n_features:
+        for seed in seeds:
+            phi = Favor(f, seed)
+            add("favor", f, seed, phi.forward(q) @ phi.forward(k).T,
+                linear_attention(q, k, v, feature_map=phi))
+    qs, ks = q * d ** -0.25, k * d ** -0.25
+    taylor = Taylor()
+    add("taylor", 1 + d + d * d, None, taylor.forward(qs) @ taylor.forward(ks).T,
+        linear_attention(qs, ks, v, feature_map=taylor))
+    for name in ("elu+1", "relu"):
+        add(name, d, None, None, linear_attention(q, k, v, feature_map=name))
+    return rows
+
+
+def copy_task_rows(out_dir, steps=1000, batch_size=32, eval_every=50, seed=0, length=12,
+                   attentions=("linear", "softmax"), adam=DEFAULT_ADAM, **setup):
+    """Train each attention on the copy task and return the loss curves as rows for
+    ``figures.copy_task_loss``: the data of figure 2 of the paper, at a NumPy budget.
+
+    The defaults are the settings of ``figures/copy_task_loss.png``: strings of up to
+    ``length`` = 12 symbols (N = 25 positions), the model of ``model.train.DEFAULT_COPY``
+    (2 layers, 4 heads of 16), batches of 32, Adam at 3e-3, 1000 steps: both attentions fall
+    below 0.1 nats on held-out batches, in about 1.5 minutes on one core.
+
+    Parameters
+    ----------
+    out_dir : str or os.PathLike
+        Each run's ``checkpoint.npz`` and ``log.csv`` go to ``out_dir/ATTENTION`` (see
+        ``model.train.copy_task_curves``, which trains them afresh, never reusing a run).
+    steps, batch_size, eval_every, seed : int
+        Of ``model.train.TrainConfig``; held-out loss every ``eval_every`` steps.
+    length : int
+        Longest string to copy.
+    attentions : tuple of str
+    adam : AdamConfig
+    **setup
+        More of ``model.train.copy_setup`` (e.g. ``d_model=16``).
+
+    Returns
+    -------
+    rows : list of dict
+        One per attention and step: name (the attention), step, train_loss (the loss of
+        that step's training batch, before its update), eval_loss (on the held-out batches
+        after the update; None between evaluations), eval_acc and elapsed_s.
+
+    Cost: ``steps`` forward and backward passes per attention.
+    """
+    train_cfg = TrainConfig(steps=steps, batch_size=batch_size, seed=seed,
+                            eval_every=eval_every, checkpoint_every=steps)
+    copy_task_curves(os.fspath(out_dir), attentions, train_cfg, adam, reuse=False,
+                     length=length, **setup)
+    rows = []
+    for attention in attentions:
+        log = read_log(os.path.join(out_dir, attention, "log.csv"))
+        for i, step in enumerate(log["step"]):
+            row = {"name": attention, "step": int(step)}
+            for key in ("train_loss", "eval_loss", "eval_acc", "elapsed_s"):
+                row[key] = None if np.isnan(log[key][i]) else float(log[key][i])
+            rows.append(row)
+    return rows
+
+
+# the benchmark's cases under the names the figures show
+BENCH_NAMES = {"softmax numpy": "softmax (NumPy)", "non-causal numba": "linear (Numba)",
+               "causal numpy chunked": "causal linear (NumPy, chunked)",
+               "causal numba": "causal linear (Numba)", "rnn step": "RNN step (Numba)",
+               "softmax kv-cache numpy": "softmax, key/value cache",
+               "recompute prefix numba": "linear, recomputing the prefix"}
+
+
+def benchmark_rows(out_dir, quick=False):
+    """Run ``python -m linattn.bench`` once into ``out_dir`` (bench.json, bench_*.csv,
+    bench.txt) on the cases of ``BENCH_NAMES``: batch 1, 8 heads, D = M = 64, float32, N up
+    to 16384 (quick: 1024), the crossover at D = M = 64 only, no peers. About 6 minutes on two
+    cores (quick: seconds).
+
+    Returns
+    -------
+    scaling : list of dict
+        name, n, seconds_fwd, seconds_fwdbwd, peak_bytes (medians; bytes of one fwd + bwd).
+    tokens : list of dict
+        name, position, seconds_per_token.
+    """
+    from . import bench
+
+    args = ["--out", str(out_dir), "--no-peers", "--widths", "64", "--cases",
+            *(c for c in BENCH_NAMES if c in bench.cases.CASES)]
+    args += ["--quick"] if quick else ["--max-n", "16384", "--budget", "5", "--repeats", "3",
+                                       "--gen-positions", "4096"]
+    bench.main(args)
+    with open(os.path.join(out_dir, "bench.json")) as f:
+        results = json.load(f)
+    scaling = [{"name": BENCH_NAMES[r["case"]], "n": r["n"], "seconds_fwd": r["forward_s"],
+                "seconds_fwdbwd": r["forward_backward_s"], "peak_bytes": r["peak_extra_bytes"]}
+               for r in results["scaling"]]
+    tokens = [{"name": BENCH_NAMES[r["case"]], "position": r["position"],
+               "seconds_per_token": r["seconds_per_token"]} for r in results["generation"]]
+    return scaling, tokens
