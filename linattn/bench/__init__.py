@@ -46,6 +46,8 @@ def parse(argv):
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--budget", type=float, default=30.0,
                    help="seconds; a case stops growing N past one fwd+bwd this slow")
+    p.add_argument("--pause", type=float, default=0.25,
+                   help="seconds of rest before each case, for idle threads to sleep")
     p.add_argument("--cases", nargs="+", default=list(cases.SCALING), choices=list(cases.CASES),
                    help="the scaling cases")
     p.add_argument("--peer-python", default=sys.executable,
@@ -57,7 +59,7 @@ def parse(argv):
     cfg = p.parse_args(argv)
     if cfg.quick:
         cfg.max_n, cfg.target_n, cfg.cross_n = 1024, 1024, 512
-        cfg.gen_positions, cfg.repeats, cfg.budget = 1024, 2, 1.0
+        cfg.gen_positions, cfg.repeats, cfg.budget, cfg.pause = 1024, 2, 1.0, 0.01
         cfg.widths = [w for w in cfg.widths if w <= 64]
     cfg.ns = [2**j for j in range(7, cfg.max_n.bit_length()) if 2**j <= cfg.max_n]
     if cfg.target_n not in cfg.ns:
@@ -72,6 +74,7 @@ def threads(cfg):
     q, k, v, _ = cases.inputs(cfg.batch, 1, cfg.target_n, cfg.dim, cfg.value_dim, cfg.dtype)
     forward = cases.CASES["causal numba"][0]
     all_threads = numba.get_num_threads()
+    timing.settle(cfg.pause)
     all_s = timing.seconds(lambda: forward(q, k, v), cfg.repeats)[1]
     numba.set_num_threads(1)
     try:

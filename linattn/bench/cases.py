@@ -70,14 +70,15 @@ def _available_bytes():
     return 8 << 30
 
 
-def measure(name, q, k, v, dout, repeats, memory=True):
+def measure(name, q, k, v, dout, repeats, pause, memory=True):
     """One point: forward and forward + backward seconds, and the peak extra bytes of a
-    forward + backward."""
+    forward + backward, after a ``pause`` of seconds (``timing.settle``)."""
     forward, backward = CASES[name]
 
     def both():
         return forward(q, k, v), backward(q, k, v, dout)
 
+    timing.settle(pause)
     start = time.perf_counter()
     both()                                                    # warm-up, and a size probe
     reps = repeats if time.perf_counter() - start < 2.0 else 1
@@ -102,7 +103,7 @@ def scaling(cfg, progress):
                                                              q.itemsize):
                 stopped.add(name)
                 continue
-            row = measure(name, q, k, v, dout, cfg.repeats)
+            row = measure(name, q, k, v, dout, cfg.repeats, cfg.pause)
             rows.append(row)
             if row["forward_backward_s"] > cfg.budget:
                 stopped.add(name)
@@ -118,7 +119,7 @@ def crossover(cfg, progress, widths=(16, 32, 64, 128, 256)):
             q, k, v, dout = inputs(cfg.batch, heads, cfg.cross_n, w, w, cfg.dtype)
             for name in CROSSOVER:
                 progress.step(f"crossover {name} h={heads} D=M={w}")
-                row = measure(name, q, k, v, dout, cfg.repeats, memory=False)
+                row = measure(name, q, k, v, dout, cfg.repeats, cfg.pause, memory=False)
                 rows.append({**row, "heads": heads, "width": w})
     return rows
 
@@ -132,6 +133,7 @@ def generation(cfg, progress):
     rows = []
     progress.step(f"generation: RNN step x {n}")
     linear_attention_step(q[:, :, 0], k[:, :, 0], v[:, :, 0])    # warm-up: load the kernel
+    timing.settle(cfg.pause)
     state, per_token = None, np.empty(n)
     for t in range(n):
         start = time.perf_counter()

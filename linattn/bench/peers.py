@@ -76,8 +76,10 @@ def _runners(torch, forward, args, dout):
 
 
 def generation(torch, h, d, m, positions):
-    """Seconds per token of pft's RecurrentLinearAttention step at each position."""
+    """Seconds per token of pft's RecurrentLinearAttention step at each position, on one
+    thread like linattn's step: a token's work is too small to share."""
     from fast_transformers.recurrent.attention import RecurrentLinearAttention
+    torch.set_num_threads(1)
     step = RecurrentLinearAttention(d)
     gen = torch.Generator().manual_seed(1)
     q, k = (torch.randn(positions, 1, h, d, generator=gen) for _ in range(2))

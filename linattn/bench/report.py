@@ -6,10 +6,10 @@ import os
 import numpy as np
 
 
-def _find(rows, case, **where):
-    """The first row of ``case`` matching ``where``, or None."""
+def _find(rows, name, **where):
+    """The first row of the case ``name`` matching ``where``, or None."""
     for row in rows:
-        if row["case"] == case and all(row.get(k) == v for k, v in where.items()):
+        if row["case"] == name and all(row.get(k) == v for k, v in where.items()):
             return row
     return None
 

@@ -1,5 +1,6 @@
 """How the benchmark measures: wall time, peak memory, the machine, and its matmul ceiling.
 
+- ``settle``: a pause between cases, so that one case's idle threads do not slow the next.
 - ``seconds``: median and best wall time of a call, after warm-up calls (compilation,
   caches). Tables show medians; the targets compare best times, which other processes on a
   shared machine disturb least.
@@ -25,6 +26,13 @@ def seconds(f, repeats=5, warmup=1):
         f()
     times = [_time_once(f) for _ in range(repeats)]
     return float(np.median(times)), min(times)
+
+
+def settle(seconds):
+    """Wait until the thread pools of the previous measurement are asleep: OpenBLAS and
+    OpenMP workers spin for a while after their last task, and on few cores a spinning
+    worker would slow the next case's threads down."""
+    time.sleep(seconds)
 
 
 def peak_bytes(f):
