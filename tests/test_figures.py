@@ -91,6 +91,8 @@ def test_copy_task_loss_draws_eval_rows_among_training_rows(tmp_path):
 
 def test_main_quick_writes_every_figure(tmp_path, capsys):
     assert figures.main(["--quick", "--out", str(tmp_path)]) == 0
-    for name, _ in figures.FIGURES:
+    for name in ("time_vs_n", "memory_vs_n", "time_per_token", "feature_map_error",
+                 "copy_task_loss"):
         assert (tmp_path / f"{name}.png").exists() and (tmp_path / f"{name}.csv").exists()
+    assert (tmp_path / "data" / "bench.json").exists()
     assert f"[{len(figures.FIGURES)}/{len(figures.FIGURES)}]" in capsys.readouterr().out
