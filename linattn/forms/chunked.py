@@ -11,6 +11,7 @@ Oracle: ``quadratic``.
 """
 from .._checks import array_module
 from .normaliser import normalised, normalised_backward
+from .quadratic import masked
 
 DEFAULT_CHUNK_SIZE = 64
 
@@ -39,13 +40,6 @@ def _exclusive_cumsum(x, reverse=False):
     return xp.concatenate([zero, xp.cumsum(x[..., :-1, :, :], axis=-3)], axis=-3)
 
 
-def _tril(a):
-    """Zero above the diagonal of the (C, C) blocks (where, not *: 0 * NaN is NaN)."""
-    xp = array_module(a)
-    c = a.shape[-1]
-    return xp.where(xp.tril(xp.ones((c, c), dtype=bool)), a, 0)
-
-
 def product(phi_q, phi_k, v, causal, chunk_size):
     """out_i = phi_q_i^T sum_{j <= i} phi_k_j v_j^T (all j if not causal), block by block.
 
@@ -57,7 +51,7 @@ def product(phi_q, phi_k, v, causal, chunk_size):
     if not causal:
         return _unblocks(q @ kv.sum(axis=-3, keepdims=True), n)
     s = _exclusive_cumsum(kv)                           # S_b, the state entering block b
-    intra = _tril(q @ k.swapaxes(-1, -2)) @ vb          # (..., B, C, M)
+    intra = masked(q @ k.swapaxes(-1, -2), True) @ vb    # (..., B, C, M)
     return _unblocks(intra + q @ s, n)
 
 
@@ -77,8 +71,8 @@ def product_backward(dout, phi_q, phi_k, v, causal, chunk_size):
         dq, dk, dv = do @ s.swapaxes(-1, -2), vb @ g.swapaxes(-1, -2), k @ g
     else:
         s, g = _exclusive_cumsum(kv), _exclusive_cumsum(qdo, reverse=True)
-        a = _tril(q @ k.swapaxes(-1, -2))               # (..., B, C, C)
-        da = _tril(do @ vb.swapaxes(-1, -2))
+        a = masked(q @ k.swapaxes(-1, -2), True)         # (..., B, C, C)
+        da = masked(do @ vb.swapaxes(-1, -2), True)
         dq = da @ k + do @ s.swapaxes(-1, -2)
         dk = da.swapaxes(-1, -2) @ q + vb @ g.swapaxes(-1, -2)
         dv = a.swapaxes(-1, -2) @ do + k @ g

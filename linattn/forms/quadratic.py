@@ -7,7 +7,7 @@ This is the oracle: every other method and backend is tested against it.
 from .._checks import array_module
 
 
-def _masked(a, causal):
+def masked(a, causal):
     """``a`` (..., N, N) with zeros above the diagonal if causal (where, not *: 0 * NaN)."""
     if not causal:
         return a
@@ -18,7 +18,7 @@ def _masked(a, causal):
 
 def _kernel_matrix(phi_q, phi_k, causal):
     """A_ij = phi_q_i . phi_k_j, zero above the diagonal if causal. Shape (..., N, N)."""
-    return _masked(phi_q @ phi_k.swapaxes(-1, -2), causal)
+    return masked(phi_q @ phi_k.swapaxes(-1, -2), causal)
 
 
 def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=None):
@@ -52,6 +52,6 @@ def attend_backward(dout, phi_q, phi_k, v, *, causal, eps, chunk_size=None):
     out = (a @ v) / den
     dnum = dout / den                                      # (..., N, M)
     dden = -(dout * out).sum(axis=-1, keepdims=True) / den  # (..., N, 1)
-    da = _masked(dnum @ v.swapaxes(-1, -2) + dden, causal)  # (..., N, N)
+    da = masked(dnum @ v.swapaxes(-1, -2) + dden, causal)  # (..., N, N)
     dv = a.swapaxes(-1, -2) @ dnum
     return da @ phi_k, da.swapaxes(-1, -2) @ phi_q, dv
