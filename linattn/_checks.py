@@ -64,9 +64,8 @@ def common_dtype(*arrays):
     return np.result_type(*(a.dtype for a in arrays))
 
 
-def compute_dtype(*arrays):
-    """The dtype the kernels run in: the common float type, with float16 raised to float32."""
-    dtype = common_dtype(*arrays)
+def compute_dtype(dtype):
+    """The dtype the kernels run in for inputs of common ``dtype``: float16 runs in float32."""
     return np.dtype(np.float32) if dtype.itemsize < 4 else dtype
 
 
@@ -107,7 +106,7 @@ def check_qkv(q, k, v, dout=None):
     if dout is not None and arrays[3].shape != v.shape:
         raise ValueError(f"dout must have the output's shape (..., N, M): {shapes}")
     out_dtype = common_dtype(*arrays)
-    dtype = compute_dtype(*arrays)
+    dtype = compute_dtype(out_dtype)
     return tuple(a.astype(dtype, copy=False) for a in arrays), out_dtype
 
 
@@ -115,11 +114,16 @@ def check_step(q_t, k_t, v_t):
     """Validate one step's inputs: q_t, k_t (..., D), v_t (..., M), equal leading dims."""
     arrays = [as_float_array(n, a) for n, a in zip(("q_t", "k_t", "v_t"), (q_t, k_t, v_t))]
     q_t, k_t, v_t = arrays
-    shapes = f"q_t{q_t.shape}, k_t{k_t.shape}, v_t{v_t.shape}"
     if min(a.ndim for a in arrays) < 1:
-        raise ValueError(f"q_t, k_t need shape (..., D) and v_t (..., M), got {shapes}")
+        raise ValueError(f"q_t, k_t need shape (..., D) and v_t (..., M), got {_shapes(arrays)}")
     if q_t.shape != k_t.shape or q_t.shape[:-1] != v_t.shape[:-1]:
-        raise ValueError(f"q_t and k_t must have one shape (..., D), v_t (..., M): {shapes}")
+        raise ValueError(f"q_t and k_t must have one shape (..., D), v_t (..., M): "
+                         f"{_shapes(arrays)}")
     out_dtype = common_dtype(*arrays)
-    dtype = compute_dtype(*arrays)
+    dtype = compute_dtype(out_dtype)
     return tuple(a.astype(dtype, copy=False) for a in arrays), out_dtype
+
+
+def _shapes(steps):
+    """"q_t(...), k_t(...), v_t(...)": one step's shapes, for an error message."""
+    return ", ".join(f"{n}{a.shape}" for n, a in zip(("q_t", "k_t", "v_t"), steps))

@@ -40,7 +40,7 @@ def _kernel(method, backend, causal, xp):
         return _CUPY_FORMS[numpy_method], "cupy"
     if _checks.resolve_backend(backend, xp) == "numba":
         from . import numba_cpu  # compiled kernels: imported on first use
-        forms = {**numba_cpu.FORMS, "auto": numba_cpu}
+        forms = numba_cpu.FORMS
         if method in forms:
             return forms[method], "numba"
         if backend == "numba":
@@ -203,14 +203,18 @@ def _as_state(state, s_shape, dtype, xp):
     zeros (Eq. 16) when None."""
     if state is None:
         return recurrent.zero_state(s_shape[:-2], s_shape[-2], s_shape[-1], dtype, xp)
-    want = f"State(S {s_shape}, z {s_shape[:-1]})"
     if not (isinstance(state, tuple) and len(state) == 2):
-        raise TypeError(f"state must be None or {want}, got {type(state).__name__}")
+        raise TypeError(f"state must be None or {_state_shapes(s_shape)}, got "
+                        f"{type(state).__name__}")
     s, z = (_checks.as_float_array(n, a) for n, a in zip(("state.S", "state.z"), state))
     if _checks.array_module(s) is not xp or _checks.array_module(z) is not xp:
         raise TypeError(f"state must hold {xp.__name__} arrays like q_t, k_t and v_t, got "
                         f"{type(s).__name__} and {type(z).__name__}")
     if s.shape != s_shape or z.shape != s_shape[:-1]:
-        raise ValueError(f"state must be {want} for these inputs and feature map, "
-                         f"got S {s.shape}, z {z.shape}")
+        raise ValueError(f"state must be {_state_shapes(s_shape)} for these inputs and "
+                         f"feature map, got S {s.shape}, z {z.shape}")
     return State(s.astype(dtype, copy=False), z.astype(dtype, copy=False))
+
+
+def _state_shapes(s_shape):
+    return f"State(S {s_shape}, z {s_shape[:-1]})"

@@ -1,17 +1,19 @@
-"""The Numba backend's own machinery: state blocks, the fused elu+1, the dtype policy inside
-the loops, the compile cache, and how "auto" picks a backend. Its agreement with the oracle is
+"""The Numba backend's own machinery: state blocks, blocks of positions and segments, the fused
+elu+1 and its exp, the dtype policy inside the loops, the compile cache, and how "auto" picks
+a backend. Its agreement with the oracle is
 tested with every other path, by the parametrised tests of test_linear, test_recurrent and
 test_softmax."""
 import subprocess
 import sys
 
+import numba
 import numpy as np
 import pytest
 from numba import njit
 
 from linattn import _checks, linear, linear_attention, linear_attention_backward
 from linattn.feature_maps import EluPlusOne
-from linattn.numba_cpu import normaliser, products, softmax, step
+from linattn.numba_cpu import chunked, elu, normaliser, products, softmax, step
 
 from conftest import random_qkv
 
@@ -56,15 +58,101 @@ def test_one_wide_row_matches_the_oracle(method, causal):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-11)
 
 
+def ulps(got, x):
+    """|got - exp(x)| in units of the last place of exp(x) rounded to got's dtype."""
+    want = np.exp(x.astype(np.float64))
+    return np.abs(got - want) / np.spacing(want.astype(got.dtype)).astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype, low, bound", [(np.float32, -104, 1.25), (np.float64, -745, 1)])
+def test_exp_is_within_an_ulp_over_its_whole_range(dtype, low, bound):
+    # x + 1 above 0, so -x hits the exp path: every x from the underflow to 0
+    x = np.linspace(low, 0, 1_000_001).astype(dtype)
+    phi = elu.features(x)
+    tiny = np.finfo(dtype).tiny                          # subnormal results: absolute error
+    normal = phi >= tiny
+    assert ulps(phi[normal], x[normal]).max() <= bound
+    assert np.abs(phi[~normal] - np.exp(x[~normal].astype(np.float64))).max() <= \
+        np.spacing(dtype(0))
+    # the check can fail: three ulps more are seen
+    worse = (phi[normal] * (1 + 3 * np.finfo(dtype).eps)).astype(dtype)
+    assert ulps(worse, x[normal]).max() > bound
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_fused_elu_is_the_feature_map_bit_for_bit(dtype):
-    x = np.array([-np.inf, -30.0, -1.5, -1e-30, -0.0, 0.0, 1e-30, 0.7, 3.0, np.inf, np.nan])
+def test_fused_elu_is_the_feature_map(dtype):
+    # huge x: the vectorised select computes exp there too, and must not index out of range
+    x = np.array([-np.inf, -800.0, -30.0, -1.5, -1e-30, -0.0, 0.0, 1e-30, 0.7, 3.0, 1e30,
+                  np.finfo(dtype).max, np.inf, np.nan])
     x = np.concatenate([x, np.random.default_rng(3).standard_normal(50)]).astype(dtype)
-    phi = EluPlusOne()
-    np.testing.assert_array_equal(normaliser.elu_features(x), phi.forward(x))
+    fmap = EluPlusOne()
+    want = fmap.forward(x)
+    got = elu.features(x)
+    np.testing.assert_allclose(got, want, rtol=2 * np.finfo(dtype).eps, atol=0)
+    assert got.dtype == dtype and got[0] == 0 and np.isnan(got[-51])
     dphi = np.linspace(-2, 2, x.size).astype(dtype)
-    want = phi.vjp(x, dphi)
-    np.testing.assert_array_equal(normaliser.elu_vjp_(x, phi.forward(x), dphi.copy()), want)
+    np.testing.assert_allclose(elu.vjp_(x, dphi.copy()), fmap.vjp(x, dphi),
+                               rtol=2 * np.finfo(dtype).eps, atol=0)
+
+
+def run_sweeps(lead, n, width, chunk_size, fused):
+    """(out, dq, dk, dv) of chunked.attend(_backward) on elu+1 features, or fused."""
+    q, k, v = random_qkv(11, n, width, width + 3, lead)
+    dout = np.random.default_rng(12).standard_normal(v.shape)
+    if not fused:
+        q, k = EluPlusOne().forward(q), EluPlusOne().forward(k)
+    kw = dict(causal=True, eps=1e-6, chunk_size=chunk_size, elu=fused)
+    return (chunked.attend(q, k, v, **kw), *chunked.attend_backward(dout, q, k, v, **kw))
+
+
+@pytest.mark.parametrize("lead, n, width, chunk_size", [
+    ((), 1, 64, 32), ((), 130, 64, 32), ((3,), 97, 64, 64), ((2, 4), 70, 40, 16)])
+def test_blocks_at_real_widths_match_the_oracle(lead, n, width, chunk_size):
+    # widths where BLAS runs its real kernels (the property tests use 1-8), N not a
+    # multiple of the block, one row (two segments on two threads) and many
+    q, k, v = random_qkv(11, n, width, width + 3, lead)
+    dout = np.random.default_rng(12).standard_normal(v.shape)
+    kw = dict(causal=True, chunk_size=chunk_size)
+    want = [linear_attention(q, k, v, method="quadratic", backend="numpy", **kw),
+            *linear_attention_backward(dout, q, k, v, method="quadratic", backend="numpy",
+                                       **kw)]
+    got = run_sweeps(lead, n, width, chunk_size, fused=True)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("n_segments", [2, 3, 7])
+def test_segments_change_nothing(n_segments, monkeypatch):
+    # cut into segments, each starting from the sum of the segments before (or after, for
+    # the backward-in-time sweep): the same numbers as one unit per row
+    def equal(n_segments):
+        return lambda rows, blocks: np.linspace(0, blocks, n_segments + 1).round().astype(int)
+
+    monkeypatch.setattr(chunked, "segments", equal(1))
+    want = run_sweeps((2,), 150, 24, 16, fused=False)
+    monkeypatch.setattr(chunked, "segments", equal(n_segments))
+    got = run_sweeps((2,), 150, 24, 16, fused=False)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8])
+def test_segments_share_the_work_evenly(rows):
+    threads = numba.get_num_threads()
+    bounds = chunked.segments(rows, 128)
+    assert bounds[0] == 0 and bounds[-1] == 128 and np.all(np.diff(bounds) > 0)
+    assert (rows * (bounds.size - 1)) % threads == 0        # units in equal shares
+    work = 0.25 * bounds[:-1] + np.diff(bounds)             # sums before + own blocks
+    assert work.max() - work.min() <= 1
+    if bounds.size == 3:
+        assert bounds[1] == round(128 * 4 / 7)
+
+
+def test_block_length_keeps_every_product_on_one_blas_thread():
+    assert chunked.block_length(64, 64, 64) == 64 and chunked.block_length(64, 8, 8) == 64
+    c = chunked.block_length(64, 256, 256)
+    assert c * 256 * 257 < chunked.SINGLE_THREAD_PRODUCT <= (c + 1) * 256 * 257
+    assert chunked.block_length(1, 4096, 4096) == 1
 
 
 def float64_in_ir(function, *args):
@@ -81,9 +169,15 @@ def test_float32_stays_float32_inside_the_loops():
     out, den, eps = np.empty_like(x), np.empty((2, 5), np.float32), np.float32(1e-6)
     assert not float64_in_ir(products.causal_product, x, x, x, False, eps, out, den, 1)
     assert not float64_in_ir(products.global_product, x, x, x, eps, out, den, 1)
+    dnum1 = np.empty((2, 5, 5), np.float32)
+    for stage in (chunked.FORWARD, chunked.DQ, chunked.DKV):
+        assert not float64_in_ir(chunked.sweep, stage, x, x, x, x, eps, True, out, dnum1,
+                                 x.copy(), x.copy(), x.copy(), 2, np.array([0, 2, 3]))
+    flat = x.reshape(-1)
+    assert not float64_in_ir(elu._phi_, flat, flat.copy())
+    assert not float64_in_ir(elu._times_dphi_, flat, flat.copy())
     s, z = np.zeros((2, 4, 4), np.float32), np.zeros((2, 4), np.float32)
-    assert not float64_in_ir(step._step, x[:, 0], x[:, 0], x[:, 0], s, z, eps, True,
-                             x[:, 0].copy(), s.copy(), z.copy())
+    assert not float64_in_ir(step._step, x[:, 0], x[:, 0], x[:, 0], s, z, eps, True)
     stats = np.empty((3, 2, 5), np.float32)
     xt = np.ascontiguousarray(x.swapaxes(-1, -2))
     assert not float64_in_ir(softmax._by_queries, x, x, xt, x, xt, x, True, eps, out, x.copy(),
@@ -115,7 +209,7 @@ def test_a_second_process_loads_the_compiled_loops():
 
 def test_auto_is_numba_when_it_imports_and_numpy_when_not(monkeypatch):
     kernel, backend = linear._kernel("auto", "auto", True, np)
-    assert backend == "numba" and kernel.__name__ == "linattn.numba_cpu"
+    assert backend == "numba" and kernel.__name__ == "linattn.numba_cpu.chunked"
     assert linear._kernel("quadratic", "auto", True, np)[1] == "numpy"
     monkeypatch.setattr(_checks, "_numba_imports", lambda: False)
     kernel, backend = linear._kernel("auto", "auto", True, np)

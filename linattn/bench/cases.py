@@ -130,14 +130,17 @@ def generation(cfg, progress):
     linear attention over the whole prefix (at positions 2^j)."""
     n = cfg.gen_positions
     q, k, v, _ = inputs(1, cfg.heads, n, cfg.dim, cfg.value_dim, cfg.dtype, seed=1)
+    # each token's (1, heads, D) contiguous, as a model's projections make them (and as
+    # the peer's step is timed), not 3 x heads rows strided across the whole sequence
+    q_t, k_t, v_t = (np.ascontiguousarray(np.moveaxis(x, 2, 0)) for x in (q, k, v))
     rows = []
     progress.step(f"generation: RNN step x {n}")
-    linear_attention_step(q[:, :, 0], k[:, :, 0], v[:, :, 0])    # warm-up: load the kernel
+    linear_attention_step(q_t[0], k_t[0], v_t[0])                 # warm-up: load the kernel
     timing.settle(cfg.pause)
     state, per_token = None, np.empty(n)
     for t in range(n):
         start = time.perf_counter()
-        _, state = linear_attention_step(q[:, :, t], k[:, :, t], v[:, :, t], state)
+        _, state = linear_attention_step(q_t[t], k_t[t], v_t[t], state)
         per_token[t] = time.perf_counter() - start
     for t in _positions(n):
         window = per_token[max(0, t - max(1, t // 8)):t]  # the tokens just before position t

@@ -1,12 +1,12 @@
 """Normalised linear attention and its backward around any product, for the Numba backend:
 Eq. (5)/(9)-(12) forward and the O(N)-memory backward of section 3.3.1, Eq. (13)-(15), of
-Katharopoulos et al. (2020), arXiv:2006.16236, plus the elu+1 feature map (Eq. 7) in one pass.
+Katharopoulos et al. (2020), arXiv:2006.16236, with the elu+1 feature map (Eq. 7) of ``elu``.
 
 A *product* is a function ``product(a, b, c, *, reverse, eps, out, den)`` writing
 out_i = c_i^T sum_{j <= i} a_j b_j^T (j >= i if reverse, all j if not causal) into ``out``,
 normalised by c_i^T sum_j a_j + eps (also written to ``den``) when ``eps`` is not None, on
 (R, N, W) rows: C-contiguous, batch x heads flattened. ``loops`` gives the compiled loops,
-``chunked`` the matrix products. ``attend`` and ``attend_backward`` take (..., N, W) arrays in
+``chunked.global_product`` the non-causal matrix products. ``attend`` and ``attend_backward`` take (..., N, W) arrays in
 the compute dtype and make the rows. NumPy's ``forms.normaliser`` is the oracle.
 """
 import math
@@ -14,8 +14,10 @@ import math
 import numpy as np
 from numba import njit
 
+from .elu import features, vjp_
 
-def _rows(x):
+
+def rows(x):
     """(..., N, W) -> (R, N, W), C-contiguous: R rows of batch x heads."""
     return np.ascontiguousarray(x.reshape(math.prod(x.shape[:-2]), *x.shape[-2:]))
 
@@ -25,9 +27,9 @@ def attend(product, phi_q, phi_k, v, eps, elu=False):
 
     With ``elu``, phi_q and phi_k are the raw q and k, and elu+1 is applied here.
     """
-    q, k, v_rows = _rows(phi_q), _rows(phi_k), _rows(v)
+    q, k, v_rows = rows(phi_q), rows(phi_k), rows(v)
     if elu:
-        q, k = elu_features(q), elu_features(k)
+        q, k = features(q), features(k)
     out = np.empty_like(v_rows)
     den = np.empty(v_rows.shape[:-1], dtype=v.dtype)
     product(k, v_rows, q, reverse=False, eps=eps, out=out, den=den)
@@ -45,19 +47,19 @@ def attend_backward(product, dout, phi_q, phi_k, v, eps, elu=False):
     With ``elu``, the inputs are the raw q and k and the gradients are (dq, dk, dv).
     Memory: O(N (F + M)), a few arrays of the inputs' size; O(F M) per worker.
     """
-    x_q, x_k, v_rows = _rows(phi_q), _rows(phi_k), _rows(v)
-    q, k = (elu_features(x_q), elu_features(x_k)) if elu else (x_q, x_k)
+    x_q, x_k, v_rows = rows(phi_q), rows(phi_k), rows(v)
+    q, k = (features(x_q), features(x_k)) if elu else (x_q, x_k)
     out = np.empty_like(v_rows)
     den = np.empty(v_rows.shape[:-1], dtype=v.dtype)
     product(k, v_rows, q, reverse=False, eps=eps, out=out, den=den)   # recompute out, den
-    dnum1, v1 = _backward_inputs(_rows(dout), out, den, v_rows)
+    dnum1, v1 = _backward_inputs(rows(dout), out, den, v_rows)
     del out
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v_rows)
     product(v1, k, dnum1, reverse=False, eps=None, out=dq, den=den)     # Eq. (13)
     product(dnum1, q, v1, reverse=True, eps=None, out=dk, den=den)      # Eq. (14)
     product(q, dnum1, k, reverse=True, eps=None, out=dv, den=den)       # Eq. (15), dnum only
     if elu:
-        dq, dk = elu_vjp_(x_q, q, dq), elu_vjp_(x_k, k, dk)
+        dq, dk = vjp_(x_q, dq), vjp_(x_k, dk)
     return dq.reshape(phi_q.shape), dk.reshape(phi_k.shape), dv.reshape(v.shape)
 
 
@@ -86,30 +88,3 @@ def _fill_backward_inputs(dout, out, den, v, dnum1, v1):
             v1[r, i, j] = v[r, i, j]
         dnum1[r, i, m] = -dot / d                  # the normaliser's gradient
         v1[r, i, m] = one
-
-
-def elu_features(x):
-    """phi(x) = elu(x) + 1, Eq. (7): exp(min(x, 0)) by NumPy's SIMD exp, then x + 1 where
-    x > 0. Three passes and one array; NaN stays NaN. Shape as x (C-contiguous)."""
-    phi = np.minimum(x, 0)
-    np.exp(phi, out=phi)
-    _plus_one_where_positive(x, phi)
-    return phi
-
-
-@njit(cache=True, error_model="numpy")
-def _plus_one_where_positive(x, phi):
-    flat_x, flat_phi = x.reshape(x.size), phi.reshape(phi.size)
-    one = x.dtype.type(1)
-    for i in range(flat_x.size):
-        flat_phi[i] = flat_x[i] + one if flat_x[i] > 0 else flat_phi[i]  # a select, no branch
-
-
-@njit(cache=True, error_model="numpy")
-def elu_vjp_(x, phi, dphi):
-    """dphi *= d phi / dx, in place: 1 where x > 0, else exp(x) = phi(x). Returns dphi."""
-    flat_x, flat_phi, flat_d = x.reshape(x.size), phi.reshape(phi.size), dphi.reshape(dphi.size)
-    one = x.dtype.type(1)
-    for i in range(flat_x.size):
-        flat_d[i] *= one if flat_x[i] > 0 else flat_phi[i]
-    return dphi

@@ -11,6 +11,7 @@ import numpy as np
 from numba import njit
 
 from ..forms.recurrent import State
+from .elu import phi
 
 
 def step(phi_q, phi_k, v, state, eps, elu=False):
@@ -34,35 +35,29 @@ def step(phi_q, phi_k, v, state, eps, elu=False):
     """
     rows = math.prod(v.shape[:-1])
     f, m = phi_k.shape[-1], v.shape[-1]
-    s_new = np.empty(state.S.shape, dtype=v.dtype)
-    z_new = np.empty(state.z.shape, dtype=v.dtype)
-    out = np.empty(v.shape, dtype=v.dtype)
-    _step(phi_q.reshape(rows, f), phi_k.reshape(rows, f), v.reshape(rows, m),
-          state.S.reshape(rows, f, m), state.z.reshape(rows, f), v.dtype.type(eps), elu,
-          out.reshape(rows, m), s_new.reshape(rows, f, m), z_new.reshape(rows, f))
-    return out, State(s_new, z_new)
+    c = np.ascontiguousarray      # Numba types a strided view slowly, ~8 us an array
+    out, s_new, z_new = _step(c(phi_q.reshape(rows, f)), c(phi_k.reshape(rows, f)),
+                              c(v.reshape(rows, m)), c(state.S.reshape(rows, f, m)),
+                              c(state.z.reshape(rows, f)), v.dtype.type(eps), elu)
+    return out.reshape(v.shape), State(s_new.reshape(state.S.shape),
+                                       z_new.reshape(state.z.shape))
 
 
 @njit(cache=True, error_model="numpy")
-def _phi(x, elu):
-    """elu(x) + 1 (Eq. 7) if ``elu``, else x unchanged."""
-    if not elu:
-        return x
-    return x + type(x)(1) if x > 0 else np.exp(x)  # type(x): float32 stays float32
-
-
-@njit(cache=True, error_model="numpy")
-def _step(q, k, v, s, z, eps, elu, out, s_new, z_new):
+def _step(q, k, v, s, z, eps, elu):
     """Rows r of: s_new = s + phi(k) v^T, z_new = z + phi(k)   Eq. (17)-(18)
-    and out = phi(q)^T s_new / (phi(q)^T z_new + eps)           Eq. (19)."""
+    and out = phi(q)^T s_new / (phi(q)^T z_new + eps)           Eq. (19).
+    Returns new arrays (out (R, M), s_new (R, F, M), z_new (R, F)); s and z are not changed."""
     rows, f_width = k.shape
+    out = np.empty(v.shape, dtype=v.dtype)
+    s_new, z_new = np.empty(s.shape, dtype=s.dtype), np.empty(z.shape, dtype=z.dtype)
     acc = np.empty((2, v.shape[1]), dtype=out.dtype)           # two partial sums
     for r in range(rows):
         q_r, k_r, v_r = q[r], k[r], v[r]
         acc[:] = 0
         den = eps
         for f in range(f_width):
-            phi_k, phi_q = _phi(k_r[f], elu), _phi(q_r[f], elu)
+            phi_k, phi_q = (phi(k_r[f]), phi(q_r[f])) if elu else (k_r[f], q_r[f])
             s_row, new_row, part = s[r, f], s_new[r, f], acc[f % 2]
             for m in range(v_r.size):
                 s_m = s_row[m] + phi_k * v_r[m]     # S_i = S_{i-1} + phi(k_i) v_i^T
@@ -73,3 +68,4 @@ def _step(q, k, v, s, z, eps, elu, out, s_new, z_new):
         out_r = out[r]
         for m in range(v_r.size):
             out_r[m] = (acc[0, m] + acc[1, m]) / den
+    return out, s_new, z_new
