@@ -85,12 +85,14 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
         positions, "recurrent" scans ``linear_attention_step``. "auto" picks the fastest.
     backend : {"auto", "numpy", "numba", "cupy"}
         "cupy" runs CUDA kernels on CuPy arrays ("chunked" and "auto": the chunked scan;
-        "linear" and "recurrent": one thread per column). "numba" runs compiled loops on all
-        cores ("linear", "recurrent": the running sums; "chunked": matrix products; "auto":
-        the loops when causal, the products when not). "auto" is "cupy" for CuPy arrays, else
+        "linear" and "recurrent": one thread per column). "numba" runs compiled code on all
+        cores ("linear", "recurrent": the running sums as loops; "chunked" and "auto": blocks
+        of BLAS matrix products, elu+1 fused). "auto" is "cupy" for CuPy arrays, else
         "numba" when numba imports, else "numpy"; a method Numba lacks runs on NumPy.
     chunk_size : int
-        Block length of ``method="chunked"``.
+        Block length of ``method="chunked"`` (and of Numba's "auto"). The default, 32,
+        measured fastest for Numba at D = M = 64 (25-30% ahead of 64); NumPy's blocks run
+        within 5% of their best at 32 and 64.
 
     Returns
     -------

@@ -13,7 +13,7 @@ from .._checks import array_module
 from .normaliser import normalised, normalised_backward
 from .quadratic import masked
 
-DEFAULT_CHUNK_SIZE = 64
+DEFAULT_CHUNK_SIZE = 32  # see linear_attention's chunk_size
 
 
 def _blocks(x, c):

@@ -30,6 +30,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from ..forms.chunked import DEFAULT_CHUNK_SIZE
 from . import normaliser
 from .elu import phi
 
@@ -221,7 +222,8 @@ def _sweeps(x_q, x_k, v, chunk_size):
     return q, k, v_rows, block, segments(rows, -(-n // block))
 
 
-def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=64, elu=False):
+def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=DEFAULT_CHUNK_SIZE,
+           elu=False):
     """Normalised linear attention, Eq. (5) / (9)-(12), by blocked matrix products.
     Shapes (..., N, F), (..., N, M) -> (..., N, M); raw q, k with ``elu``.
 
@@ -236,7 +238,8 @@ def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=64, elu=False):
     return out.reshape(v.shape)
 
 
-def attend_backward(dout, phi_q, phi_k, v, *, causal, eps, chunk_size=64, elu=False):
+def attend_backward(dout, phi_q, phi_k, v, *, causal, eps,
+                    chunk_size=DEFAULT_CHUNK_SIZE, elu=False):
     """Backward of ``attend``: (dphi_q, dphi_k, dv), or (dq, dk, dv) with ``elu``, by two
     sweeps (Eq. 13-15 and the normaliser's gradient; see the module).
 
