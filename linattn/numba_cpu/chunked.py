@@ -32,7 +32,7 @@ from numba import njit, prange
 
 from ..forms.chunked import DEFAULT_CHUNK_SIZE
 from . import normaliser
-from .elu import phi
+from .elu import _phi_ as elu_phi_
 
 FORWARD, DQ, DKV = 0, 1, 2       # the sweeps: attention; dphi_q; dphi_k and dv (reversed)
 # OpenBLAS runs a matrix product of m n k < 2^19 multiply-adds on the calling thread and
@@ -76,9 +76,7 @@ def _load(x, r, i0, i1, elu):
     if not elu:
         return rows
     features = np.empty(rows.shape, dtype=rows.dtype)
-    for i in range(rows.shape[0]):
-        for f in range(rows.shape[1]):
-            features[i, f] = phi(rows[i, f])               # Eq. (7)
+    elu_phi_(rows.reshape(rows.size), features.reshape(features.size))   # Eq. (7)
     return features
 
 

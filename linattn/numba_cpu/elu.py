@@ -8,7 +8,8 @@ exp(x), x <= 0, with arithmetic the compiler vectorises:
     exp(x) = 2^n exp(r),  n = round(x / ln 2),  r = x - n ln 2 in [-ln2/2, ln2/2],
 with ln 2 split in two parts (the high part has few bits, so n ln2_hi is exact), exp(r) by
 its Taylor series to r^7 (float32) or r^13 (float64), whose remainder is below half an ulp
-on that interval, and 2^n from a table. Measured against exp in float64: within 1 ulp
+on that interval, and 2^n written straight into a float's exponent bits (``_with_bits``; a
+table lookup would be a gather, twice as slow). Measured against exp in float64: within 1 ulp
 (float64) and 1.21 ulp (float32) over the whole range; NaN stays NaN, -inf gives 0.
 ``phi`` and ``dphi`` are what kernels call; ``features`` and ``vjp_`` apply them to arrays.
 Oracle: ``feature_maps.EluPlusOne`` (NumPy).
@@ -17,8 +18,9 @@ import decimal
 import math
 
 import numpy as np
+from llvmlite import ir as llvm_ir
 from numba import njit, types
-from numba.extending import overload
+from numba.extending import intrinsic, overload
 
 # ln 2 = hi + lo: hi keeps few bits, so n * hi is exact for every n used (|n| <= 1075), and
 # lo is the rest of ln 2 to 60 digits, rounded once; float32 uses a shorter hi
@@ -27,35 +29,53 @@ LN2_HI_64 = float.fromhex("0x1.62e42fee00000p-1")     # ln 2 to 32 bits
 LN2_HI_32 = float.fromhex("0x1.630p-1")               # ln 2 to 9 bits, 0.693359375
 LN2_LO_64 = float(LN2 - decimal.Decimal(LN2_HI_64))
 LN2_LO_32 = float(LN2 - decimal.Decimal(LN2_HI_32))
-# 2^-k for k = 0 .. 1075: every power of two a float64 (1075) or float32 (150) can hold
-# or round to zero; the float32 table holds zeros past 2^-149
-POW2_64 = np.ldexp(1.0, -np.arange(1076))
-POW2_32 = POW2_64[:152].astype(np.float32)
 # Taylor coefficients 1/k!, highest first (Horner)
 TAYLOR_64 = tuple(1 / math.factorial(k) for k in range(13, -1, -1))
 TAYLOR_32 = tuple(np.float32(c) for c in TAYLOR_64[-8:])
 
 
+@intrinsic
+def _with_bits(typingctx, bits, like):
+    """The float of ``like``'s type whose bit pattern is the integer ``bits`` (cut or
+    sign-extended to that width): 2^n from its exponent field, without a table lookup."""
+    if not (isinstance(bits, types.Integer) and isinstance(like, types.Float)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        width = llvm_ir.IntType(like.bitwidth)
+        raw = args[0]
+        if bits.bitwidth > like.bitwidth:
+            raw = builder.trunc(raw, width)
+        elif bits.bitwidth < like.bitwidth:
+            raw = builder.sext(raw, width)
+        return builder.bitcast(raw, context.get_value_type(like))
+
+    return like(bits, like), codegen
+
+
 @njit(cache=True, error_model="numpy", inline="always")  # inlined: vectorises in loops
 def _exp32(x):
-    """exp(x) for float32 x <= 0 (NaN for NaN), no call: vectorisable. x > 0 gives 1: a
-    vectorised select computes both branches, so the table index must stay in range."""
+    """exp(x) for float32 x <= 0 (NaN for NaN), no call: vectorisable. x > 0 gives 1 (a
+    vectorised select computes both branches)."""
     low, zero = np.float32(-104.0), np.float32(0)  # exp(-104) < half the least float32
     t = x if x > low else low                      # NaN becomes -104 here, NaN again below
     t = t if t < zero else zero                    # x > 0 (the other branch of a select)
     n = np.floor(t * np.float32(1 / math.log(2)) + np.float32(0.5))   # round(t / ln 2)
-    r = (t - n * np.float32(LN2_HI_32)) - n * np.float32(LN2_LO_32)        # |r| <= ln2 / 2
+    r = (t - n * np.float32(LN2_HI_32)) - n * np.float32(LN2_LO_32)   # |r| <= ln2 / 2
     p = TAYLOR_32[0]
     for coef in TAYLOR_32[1:]:
         p = p * r + coef                           # exp(r), Horner
-    e = p * POW2_32[np.int64(-n)]                  # 2^n exp(r)
+    k = np.int32(n)                                # -150 .. 0
+    tiny = k < -126                                # 2^k subnormal: 2^(k + 64) 2^-64
+    e = p * _with_bits(((k + 64 if tiny else k) + 127) << 23, x)      # 2^n exp(r)
+    e = e * np.float32(2.0 ** -64) if tiny else e  # one rounding, even when subnormal
     return e if x == x else x
 
 
-@njit(cache=True, error_model="numpy", inline="always")  # inlined: vectorises in loops
+@njit(cache=True, error_model="numpy", inline="always")
 def _exp64(x):
     """exp(x) for float64 x <= 0 (NaN for NaN)."""
-    low = -745.0                                   # n = -1075, the last entry of POW2_64
+    low = -746.0                                   # exp(-746) < half the least float64
     t = x if x > low else low
     t = t if t < 0.0 else 0.0
     n = np.floor(t * (1 / math.log(2)) + 0.5)
@@ -63,7 +83,10 @@ def _exp64(x):
     p = TAYLOR_64[0]
     for coef in TAYLOR_64[1:]:
         p = p * r + coef
-    e = p * POW2_64[np.int64(-n)]
+    k = np.int64(n)                                # -1075 .. 0
+    tiny = k < -1022
+    e = p * _with_bits(((k + 128 if tiny else k) + 1023) << 52, x)
+    e = e * 2.0 ** -128 if tiny else e
     return e if x == x else x
 
 
