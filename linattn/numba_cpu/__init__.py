@@ -23,10 +23,11 @@ sequence (chunked).
 """
 from . import chunked, loops
 
-# "auto" is the blocks. Measured on a 2-core AMD EPYC (float32, N = 4096; the crossover table
-# of ``python -m linattn bench`` repeats it on any machine): at 8 heads the blocks beat the
-# loops at every width from D = M = 8 to 256, by 1.3-2.3x forward and 1.0-2.2x forward +
-# backward; at 1 head they tie forward up to 128 and win the backward by 1.2-1.7x. Only one
-# head at 256, where BLAS's single-thread limit leaves blocks of 7 positions, runs faster in
-# the loops (1.1-1.4x). Non-causal, both run NumPy's two matrix products S = K^T V, out = Q S.
+# "auto" is the blocks. Measured on a 2-core AMD EPYC (float32, N = 4096, chunk_size 32,
+# forward + backward; the crossover table of ``python -m linattn bench`` repeats it on any
+# machine): at 1 head the blocks beat the loops by 1.4-1.5x at D = M = 16 to 128 and tie
+# at 256; at 8 heads by 1.1x at 32, 1.5-1.7x at 64-128 and 1.4x at 256, but the loops win
+# at 16 (9 ms against 15): there a block's matrix products are too small for BLAS to pay.
+# Non-causal, "auto" is NumPy's two matrix products S = K^T V, out = Q S (1.0-7.6x faster
+# than the loops, the most at the widest heads).
 FORMS = {"linear": loops, "recurrent": loops, "chunked": chunked, "auto": chunked}

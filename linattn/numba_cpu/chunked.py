@@ -35,9 +35,13 @@ from . import normaliser
 from .elu import _phi_ as elu_phi_
 
 FORWARD, DQ, DKV = 0, 1, 2       # the sweeps: attention; dphi_q; dphi_k and dv (reversed)
-# OpenBLAS runs a matrix product of m n k < 2^19 multiply-adds on the calling thread and
-# splits larger ones over its own threads, which then fight the Numba threads calling it.
+# OpenBLAS (SciPy's, which Numba calls) gives a matrix product of m n k multiply-adds
+# floor(m n k / 2^18) threads: below 2^19 it runs on the calling thread; above, its own
+# threads fight the Numba threads calling it (blocks of 96 at D = M = 64 ran 3x slower).
 SINGLE_THREAD_PRODUCT = 2 ** 19
+# a block's phi_k^T v1 alone against its whole forward work (one matrix product of four,
+# plus loading the block): sets the lengths of ``segments``
+INCREMENT_COST = 0.25
 
 
 def block_length(chunk_size, d, m):
@@ -61,7 +65,7 @@ def segments(rows, blocks):
     """
     threads = numba.get_num_threads()
     n_segments = threads // math.gcd(rows, threads)
-    w = 0.25
+    w = INCREMENT_COST
     work = blocks * w / (1 - (1 - w) ** n_segments)
     bounds = [0]
     for _ in range(n_segments - 1):
