@@ -93,6 +93,12 @@ def test_fused_elu_is_the_feature_map(dtype):
     dphi = np.linspace(-2, 2, x.size).astype(dtype)
     np.testing.assert_allclose(elu.vjp_(x, dphi.copy()), fmap.vjp(x, dphi),
                                rtol=2 * np.finfo(dtype).eps, atol=0)
+    # strided views: read through, results in fresh arrays, not lost in a reshaped copy
+    grid, dgrid = x[:60].reshape(6, 10).T, dphi[:60].reshape(6, 10).T
+    np.testing.assert_allclose(elu.features(grid), fmap.forward(grid),
+                               rtol=2 * np.finfo(dtype).eps, atol=0)
+    np.testing.assert_allclose(elu.vjp_(grid, dgrid.copy()), fmap.vjp(grid, dgrid),
+                               rtol=2 * np.finfo(dtype).eps, atol=0)
 
 
 def run_sweeps(lead, n, width, chunk_size, fused):
@@ -174,7 +180,7 @@ def test_float32_stays_float32_inside_the_loops():
         assert not float64_in_ir(chunked.sweep, stage, x, x, x, x, eps, True, out, dnum1,
                                  x.copy(), x.copy(), x.copy(), 2, np.array([0, 2, 3]))
     flat = x.reshape(-1)
-    assert not float64_in_ir(elu._phi_, flat, flat.copy())
+    assert not float64_in_ir(elu.phi_into, flat, flat.copy())
     assert not float64_in_ir(elu._times_dphi_, flat, flat.copy())
     s, z = np.zeros((2, 4, 4), np.float32), np.zeros((2, 4), np.float32)
     assert not float64_in_ir(step._step, x[:, 0], x[:, 0], x[:, 0], s, z, eps, True)

@@ -14,14 +14,16 @@ The backward is two sweeps (section 3.3.1, Eq. 13-15), each with one state:
 - backward in time, U = sum over later blocks of phi_q^T dnum1 (D, M + 1):
   dphi_k = v1 U^T + triu(v1 dnum1^T) phi_q  and  dv = (phi_k U + triu(phi_k phi_q^T) dnum1)[:, :M].
 Per position the forward costs 2 C (D + M) + 4 D M flops against the loops' 4 D M (each
-backward sweep about twice that), but nearly all of it runs in BLAS near the machine's peak. With ``elu`` the kernels take the raw q, k
-and apply elu+1 (Eq. 7) and its derivative to each block as they load it (``elu``).
+backward sweep about twice that), but nearly all of it runs in BLAS near the machine's
+peak. With ``elu`` the kernels take the raw q, k and apply elu+1 (Eq. 7) and its derivative
+to each block as they load it (``elu``).
 
 Work is split into rows x segments units: each unit carries the state through its blocks
 in cache. When the rows (batch x heads) do not share out evenly over the threads, each row
 is cut into segments, and each segment's unit first sums the increments of the blocks
-before it (one phi_k^T v1 each, no readout), so units never wait for one another. Non-causal attention is two
-NumPy matrix products (``global_product``, through ``normaliser``).
+before it (one phi_k^T v1 each, no readout), so units never wait for one another.
+Non-causal attention is S = phi_k^T [v, 1] and out = phi_q S: NumPy's own form
+(``forms.cumulative``) already runs it as two matrix products on all of BLAS's threads.
 Oracle: ``forms.quadratic``; ``loops`` computes the same sums without blocks.
 """
 import math
@@ -30,9 +32,10 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from ..forms import cumulative
 from ..forms.chunked import DEFAULT_CHUNK_SIZE
-from . import normaliser
-from .elu import _phi_ as elu_phi_
+from . import elu as elu_map
+from .normaliser import rows as as_rows
 
 FORWARD, DQ, DKV = 0, 1, 2       # the sweeps: attention; dphi_q; dphi_k and dv (reversed)
 # OpenBLAS (SciPy's, which Numba calls) gives a matrix product of m n k multiply-adds
@@ -80,7 +83,7 @@ def _load(x, r, i0, i1, elu):
     if not elu:
         return rows
     features = np.empty(rows.shape, dtype=rows.dtype)
-    elu_phi_(rows.reshape(rows.size), features.reshape(features.size))   # Eq. (7)
+    elu_map.phi_into(rows.reshape(rows.size), features.reshape(features.size))  # Eq. (7)
     return features
 
 
@@ -201,24 +204,9 @@ def sweep(stage, x_q, x_k, v, dout, eps, elu, out, dnum1, dq, dk, dv, block, bou
                                r, i0, i1, state)
 
 
-def global_product(a, b, c, *, reverse, eps, out, den):
-    """The non-causal product of ``normaliser`` as two NumPy matrix products on all of
-    BLAS's threads: S = a^T [b, 1], out = c S, Eq. (5)-(6); ``reverse`` changes nothing."""
-    width = out.shape[-1]
-    b = b[..., :width]
-    if eps is not None:                                  # normaliser: one column of ones
-        b = np.concatenate([b, np.ones((*b.shape[:-1], 1), dtype=b.dtype)], axis=-1)
-    num = c @ (a.swapaxes(-1, -2) @ b)                   # (R, N, B (+ 1))
-    if eps is None:
-        out[...] = num
-    else:
-        den[...] = num[..., -1] + eps
-        np.divide(num[..., :-1], den[..., None], out=out)
-
-
 def _sweeps(x_q, x_k, v, chunk_size):
     """(rows of x_q, x_k, v, block length, segment bounds): what every sweep shares."""
-    q, k, v_rows = normaliser.rows(x_q), normaliser.rows(x_k), normaliser.rows(v)
+    q, k, v_rows = as_rows(x_q), as_rows(x_k), as_rows(v)
     rows, n, d = q.shape
     block = block_length(chunk_size, d, v_rows.shape[-1])
     return q, k, v_rows, block, segments(rows, -(-n // block))
@@ -232,7 +220,9 @@ def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=DEFAULT_CHUNK_SIZE,
     Cost: O(N (F M + C (F + M))) time, O(N M) memory: the output, nothing more.
     """
     if not causal:
-        return normaliser.attend(global_product, phi_q, phi_k, v, eps, elu)
+        if elu:
+            phi_q, phi_k = elu_map.features(phi_q), elu_map.features(phi_k)
+        return cumulative.attend(phi_q, phi_k, v, causal=False, eps=eps)
     q, k, v_rows, block, bounds = _sweeps(phi_q, phi_k, v, chunk_size)
     out, none = np.empty_like(v_rows), np.empty((0, 0, 0), dtype=v.dtype)
     sweep(FORWARD, q, k, v_rows, none, v.dtype.type(eps), elu, out, none, none, none, none,
@@ -248,10 +238,14 @@ def attend_backward(dout, phi_q, phi_k, v, *, causal, eps,
     Cost: three forwards' time; O(N (F + M)) memory: the gradients and dnum1 (N, M + 1).
     """
     if not causal:
-        return normaliser.attend_backward(global_product, dout, phi_q, phi_k, v,
-                                          eps, elu)
+        features = (elu_map.features(phi_q), elu_map.features(phi_k)) if elu else (phi_q, phi_k)
+        dphi_q, dphi_k, dv = cumulative.attend_backward(dout, *features, v, causal=False,
+                                                        eps=eps)
+        if elu:
+            dphi_q, dphi_k = elu_map.vjp_(phi_q, dphi_q), elu_map.vjp_(phi_k, dphi_k)
+        return dphi_q, dphi_k, dv
     q, k, v_rows, block, bounds = _sweeps(phi_q, phi_k, v, chunk_size)
-    dout_rows, eps = normaliser.rows(dout), v.dtype.type(eps)
+    dout_rows, eps = as_rows(dout), v.dtype.type(eps)
     dnum1 = np.empty((*v_rows.shape[:-1], v_rows.shape[-1] + 1), dtype=v.dtype)
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v_rows)
     none = np.empty((0, 0, 0), dtype=v.dtype)

@@ -5,9 +5,9 @@ Katharopoulos et al. (2020), arXiv:2006.16236, with the elu+1 feature map (Eq. 7
 A *product* is a function ``product(a, b, c, *, reverse, eps, out, den)`` writing
 out_i = c_i^T sum_{j <= i} a_j b_j^T (j >= i if reverse, all j if not causal) into ``out``,
 normalised by c_i^T sum_j a_j + eps (also written to ``den``) when ``eps`` is not None, on
-(R, N, W) rows: C-contiguous, batch x heads flattened. ``loops`` gives the compiled loops,
-``chunked.global_product`` the non-causal matrix products. ``attend`` and ``attend_backward`` take (..., N, W) arrays in
-the compute dtype and make the rows. NumPy's ``forms.normaliser`` is the oracle.
+(R, N, W) rows: C-contiguous, batch x heads flattened; ``loops`` gives the compiled loops.
+``attend`` and ``attend_backward`` take (..., N, W) arrays in the compute dtype and make
+the rows. NumPy's ``forms.normaliser`` is the oracle.
 """
 import math
 
