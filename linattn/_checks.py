@@ -105,23 +105,29 @@ def check_qkv(q, k, v, dout=None):
         raise ValueError(f"q and k need at least one feature (D >= 1): {shapes}")
     if dout is not None and arrays[3].shape != v.shape:
         raise ValueError(f"dout must have the output's shape (..., N, M): {shapes}")
-    out_dtype = common_dtype(*arrays)
-    dtype = compute_dtype(out_dtype)
-    return tuple(a.astype(dtype, copy=False) for a in arrays), out_dtype
+    return _in_compute_dtype(tuple(arrays))
 
 
 def check_step(q_t, k_t, v_t):
-    """Validate one step's inputs: q_t, k_t (..., D), v_t (..., M), equal leading dims."""
-    arrays = [as_float_array(n, a) for n, a in zip(("q_t", "k_t", "v_t"), (q_t, k_t, v_t))]
-    q_t, k_t, v_t = arrays
-    if min(a.ndim for a in arrays) < 1:
-        raise ValueError(f"q_t, k_t need shape (..., D) and v_t (..., M), got {_shapes(arrays)}")
+    """Validate one step's inputs: q_t, k_t (..., D), v_t (..., M), equal leading dims.
+    Returns them in the compute dtype, and the dtype results are returned in."""
+    steps = (as_float_array("q_t", q_t), as_float_array("k_t", k_t), as_float_array("v_t", v_t))
+    q_t, k_t, v_t = steps
+    if 0 in (q_t.ndim, k_t.ndim, v_t.ndim):
+        raise ValueError(f"q_t, k_t need shape (..., D) and v_t (..., M), got {_shapes(steps)}")
     if q_t.shape != k_t.shape or q_t.shape[:-1] != v_t.shape[:-1]:
         raise ValueError(f"q_t and k_t must have one shape (..., D), v_t (..., M): "
-                         f"{_shapes(arrays)}")
+                         f"{_shapes(steps)}")
+    return _in_compute_dtype(steps)
+
+
+def _in_compute_dtype(arrays):
+    """(arrays cast to the compute dtype, the dtype results are returned in)."""
     out_dtype = common_dtype(*arrays)
     dtype = compute_dtype(out_dtype)
-    return tuple(a.astype(dtype, copy=False) for a in arrays), out_dtype
+    if all(a.dtype == dtype for a in arrays):
+        return arrays, out_dtype      # the usual case: a generation step takes ~10 us in all
+    return tuple(a.astype(dtype) for a in arrays), out_dtype
 
 
 def _shapes(steps):

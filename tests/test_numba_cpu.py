@@ -112,10 +112,12 @@ def run_sweeps(lead, n, width, chunk_size, fused):
 
 
 @pytest.mark.parametrize("lead, n, width, chunk_size", [
-    ((), 1, 64, 32), ((), 130, 64, 32), ((3,), 97, 64, 64), ((2, 4), 70, 40, 16)])
+    ((), 1, 64, 32), ((), 130, 64, 32), ((), 400, 64, 32), ((3,), 97, 64, 64),
+    ((2, 4), 70, 40, 16)])
 def test_blocks_at_real_widths_match_the_oracle(lead, n, width, chunk_size):
     # widths where BLAS runs its real kernels (the property tests use 1-8), N not a
-    # multiple of the block, one row (two segments on two threads) and many
+    # multiple of the block, one row (two segments on two threads, at N = 400 summing the
+    # positions before the second in products of 120) and many
     q, k, v = random_qkv(11, n, width, width + 3, lead)
     dout = np.random.default_rng(12).standard_normal(v.shape)
     kw = dict(causal=True, chunk_size=chunk_size)
@@ -148,10 +150,11 @@ def test_segments_share_the_work_evenly(rows):
     bounds = chunked.segments(rows, 128)
     assert bounds[0] == 0 and bounds[-1] == 128 and np.all(np.diff(bounds) > 0)
     assert (rows * (bounds.size - 1)) % threads == 0        # units in equal shares
-    work = 0.25 * bounds[:-1] + np.diff(bounds)             # sums before + own blocks
+    w = chunked.INCREMENT_COST
+    work = w * bounds[:-1] + np.diff(bounds)                # sums before + own blocks
     assert work.max() - work.min() <= 1
-    if bounds.size == 3:
-        assert bounds[1] == round(128 * 4 / 7)
+    if bounds.size == 3:                                    # b_1 = w b_1 + (128 - b_1)
+        assert bounds[1] == round(128 / (2 - w))
 
 
 def test_block_length_keeps_every_product_on_one_blas_thread():
@@ -183,7 +186,8 @@ def test_float32_stays_float32_inside_the_loops():
     assert not float64_in_ir(elu.phi_into, flat, flat.copy())
     assert not float64_in_ir(elu._times_dphi_, flat, flat.copy())
     s, z = np.zeros((2, 4, 4), np.float32), np.zeros((2, 4), np.float32)
-    assert not float64_in_ir(step._step, x[:, 0], x[:, 0], x[:, 0], s, z, eps, True)
+    row = np.ascontiguousarray(x[:, 0])         # the wrapper hands the kernel C order
+    assert not float64_in_ir(step._step, row, row, row, s, z, eps, True)
     stats = np.empty((3, 2, 5), np.float32)
     xt = np.ascontiguousarray(x.swapaxes(-1, -2))
     assert not float64_in_ir(softmax._by_queries, x, x, xt, x, xt, x, True, eps, out, x.copy(),

@@ -8,20 +8,22 @@ normaliser's column of ones, and S (D, M + 1) the state entering the block,
     num = phi_q S + tril(phi_q phi_k^T) v1,   out = num[:, :M] / (num[:, M] + eps)   Eq. (9-12)
     S  <- S + phi_k^T v1.
 The backward is two sweeps (section 3.3.1, Eq. 13-15), each with one state:
-- forward in time, the same S: the block's out and den again, then
-  dnum1 = [dout / den, -dout . out / den] (kept for the next sweep) and
-  dphi_q = dnum1 S^T + tril(dnum1 v1^T) phi_k;
+- forward in time, the same S, without the block's out: g_i = S_i dout_i comes from
+  g = dout1 S^T + tril(dout1 v1^T) phi_k with dout1 = [dout, 0], and den_i from a running z;
+  then dnum1 = [dout / den, dden] with dden = -phi_q . g / den^2 = -dout . out / den (kept for
+  the next sweep) and dphi_q = g / den + dden z;
 - backward in time, U = sum over later blocks of phi_q^T dnum1 (D, M + 1):
   dphi_k = v1 U^T + triu(v1 dnum1^T) phi_q  and  dv = (phi_k U + triu(phi_k phi_q^T) dnum1)[:, :M].
-Per position the forward costs 2 C (D + M) + 4 D M flops against the loops' 4 D M (each
-backward sweep about twice that), but nearly all of it runs in BLAS near the machine's
-peak. With ``elu`` the kernels take the raw q, k and apply elu+1 (Eq. 7) and its derivative
-to each block as they load it (``elu``).
+Per position the forward and the first backward sweep cost 2 C (D + M) + 4 D M flops each
+against the loops' 4 D M, the second sweep 4 C (D + M) + 6 D M, but nearly all of it runs
+in BLAS near the machine's peak. With ``elu`` the kernels take the raw q, k and apply
+elu+1 (Eq. 7) and its derivative to each block as they load it (``elu``).
 
 Work is split into rows x segments units: each unit carries the state through its blocks
 in cache. When the rows (batch x heads) do not share out evenly over the threads, each row
-is cut into segments, and each segment's unit first sums the increments of the blocks
-before it (one phi_k^T v1 each, no readout), so units never wait for one another.
+is cut into segments, and each segment's unit first sums the increments of the positions
+before it (phi_k^T v1 in the longest products BLAS keeps on one thread, no readout), so units
+never wait for one another.
 Non-causal attention is S = phi_k^T [v, 1] and out = phi_q S: NumPy's own form
 (``forms.cumulative``) already runs it as two matrix products on all of BLAS's threads.
 Oracle: ``forms.quadratic``; ``loops`` computes the same sums without blocks.
@@ -42,9 +44,10 @@ FORWARD, DQ, DKV = 0, 1, 2       # the sweeps: attention; dphi_q; dphi_k and dv 
 # floor(m n k / 2^18) threads: below 2^19 it runs on the calling thread; above, its own
 # threads fight the Numba threads calling it (blocks of 96 at D = M = 64 ran 3x slower).
 SINGLE_THREAD_PRODUCT = 2 ** 19
-# a block's phi_k^T v1 alone against its whole forward work (one matrix product of four,
-# plus loading the block): sets the lengths of ``segments``
-INCREMENT_COST = 0.25
+# the increments before a segment, a block's worth of positions, against a block's whole
+# forward work: measured (heads = 1, N = 4096, D = M = 64, 2 threads: 0.2 to 0.4 tried, 0.3
+# fastest); sets the lengths of ``segments``
+INCREMENT_COST = 0.3
 
 
 def block_length(chunk_size, d, m):
@@ -61,10 +64,10 @@ def segments(rows, blocks):
     ``bounds[s]:bounds[s + 1]`` for s < S. S is 1 when the rows share out evenly over the
     threads (8 rows on 2 threads), else enough for equal shares (2 at 1 row on 2 threads).
 
-    Segment s first sums the increments of the b_s blocks before it (cost w each, w = 1/4 of
+    Segment s first sums the increments of the b_s blocks before it (cost w each, w = 0.3 of
     a block's full work), then walks its own L_s blocks. Equal work W = w b_s + L_s for every
-    s gives b_{s+1} = (1 - w) b_s + W, so the first segments are the longest; at S = 2, 4/7
-    and 3/7 of the row, a 1.75x speed-up over one thread.
+    s gives b_{s+1} = (1 - w) b_s + W, so the first segments are the longest; at S = 2, 10/17
+    and 7/17 of the row, a (2 - w) = 1.7x speed-up over one thread at best.
     """
     threads = numba.get_num_threads()
     n_segments = threads // math.gcd(rows, threads)
@@ -88,14 +91,31 @@ def _load(x, r, i0, i1, elu):
 
 
 @njit(cache=True, error_model="numpy")
-def _with_ones(v, r, i0, i1):
-    """v1 = [v[r, i0:i1], 1]: (C, M + 1), the normaliser as one more value column."""
-    m = v.shape[2]
-    v1 = np.empty((i1 - i0, m + 1), dtype=v.dtype)
+def _with_column(x, r, i0, i1, value):
+    """[x[r, i0:i1], value]: (C, M + 1). With 1, v1 = [v, 1] carries the normaliser as one
+    more value column; with 0, dout1 = [dout, 0] reads the state's values only."""
+    m = x.shape[2]
+    x1 = np.empty((i1 - i0, m + 1), dtype=x.dtype)
     for i in range(i0, i1):
-        v1[i - i0, :m] = v[r, i]
-        v1[i - i0, m] = 1
-    return v1
+        x1[i - i0, :m] = x[r, i]
+        x1[i - i0, m] = value
+    return x1
+
+
+@njit(cache=True, error_model="numpy")
+def _dot(x, y):
+    """x . y over two 1-D arrays as four interleaved sums: without fastmath LLVM may not
+    reorder a sum, and one chain of adds waits on each add's latency."""
+    n4 = x.size - x.size % 4
+    s0 = s1 = s2 = s3 = x.dtype.type(0)
+    for j in range(0, n4, 4):
+        s0 += x[j] * y[j]
+        s1 += x[j + 1] * y[j + 1]
+        s2 += x[j + 2] * y[j + 2]
+        s3 += x[j + 3] * y[j + 3]
+    for j in range(n4, x.size):
+        s0 += x[j] * y[j]
+    return (s0 + s1) + (s2 + s3)
 
 
 @njit(cache=True, error_model="numpy")
@@ -114,20 +134,11 @@ def _masked(x, y, z, reverse):
 
 
 @njit(cache=True, error_model="numpy")
-def _numerator(phi_q, phi_k, v1, state):
-    """num = phi_q S + tril(phi_q phi_k^T) v1, (C, M + 1): Eq. (9), the last column the
-    normaliser's phi_q_i^T z_i, Eq. (11)."""
-    num = _masked(phi_q, phi_k, v1, False)
-    num += phi_q @ state
-    return num
-
-
-@njit(cache=True, error_model="numpy")
 def _increment(stage, x_q, x_k, v, dnum1, r, i0, i1, elu):
     """The block's contribution to the state: phi_k^T v1, or phi_q^T dnum1 (DKV)."""
     if stage == DKV:
         return _load(x_q, r, i0, i1, elu).T @ dnum1[r, i0:i1]
-    return _load(x_k, r, i0, i1, elu).T @ _with_ones(v, r, i0, i1)
+    return _load(x_k, r, i0, i1, elu).T @ _with_column(v, r, i0, i1, 1)
 
 
 @njit(cache=True, error_model="numpy")
@@ -142,39 +153,64 @@ def _chain_elu(dphi_b, x, phi_b, elu, grad, r, i0):
 
 
 @njit(cache=True, error_model="numpy")
-def _emit(stage, x_q, x_k, v, dout, eps, elu, out, dnum1, dq, dk, dv, r, i0, i1, state):
-    """One block's outputs from the state entering it; returns its increment of the state."""
+def _forward(x_q, x_k, v, eps, elu, out, r, i0, i1, state):
+    """out for the block from the state S entering it, Eq. (9)-(12):
+    num = phi_q S + tril(phi_q phi_k^T) v1, its last column the normaliser phi_q_i^T z_i."""
     phi_q, phi_k = _load(x_q, r, i0, i1, elu), _load(x_k, r, i0, i1, elu)
-    v1 = _with_ones(v, r, i0, i1)
+    v1 = _with_column(v, r, i0, i1, 1)
+    num = _masked(phi_q, phi_k, v1, False)
+    num += phi_q @ state
     m = v.shape[2]
-    if stage == DKV:
-        dnum1_b = dnum1[r, i0:i1]
-        dk_b = _masked(v1, dnum1_b, phi_q, True)            # Eq. (14), within the block
-        dk_b += v1 @ state.T                                # and from later blocks
-        dv_b = _masked(phi_k, phi_q, dnum1_b, True)         # Eq. (15)
-        dv_b += phi_k @ state
-        _chain_elu(dk_b, x_k, phi_k, elu, dk[r, i0:i1], r, i0)
-        for i in range(i1 - i0):
-            dv[r, i0 + i] = dv_b[i, :m]                     # the ones column has no gradient
-        return phi_q.T @ dnum1_b
-    num = _numerator(phi_q, phi_k, v1, state)
     for i in range(i1 - i0):
         den = num[i, m] + eps                               # phi_q_i^T z_i + eps, Eq. (12)
-        if stage == FORWARD:
-            for j in range(m):
-                out[r, i0 + i, j] = num[i, j] / den
-            continue
-        dot = x_q.dtype.type(0)                             # dout_i . out_i
+        for j in range(m):
+            out[r, i0 + i, j] = num[i, j] / den
+    return phi_k.T @ v1
+
+
+@njit(cache=True, error_model="numpy")
+def _dq(x_q, x_k, v, dout, eps, elu, dnum1, dq, r, i0, i1, state):
+    """dphi_q for the block (Eq. 13 and the normaliser's part), and dnum1 for the DKV sweep,
+    without the block's out: with g_i = S_i dout_i (S_i the state after position i),
+        dout_i . num_i = phi_q_i . g_i,   dden_i = -phi_q_i . g_i / den_i^2,
+        dphi_q_i = g_i / den_i + dden_i z_i,   dnum1_i = [dout_i / den_i, dden_i],
+    where g = dout1 S^T + tril(dout1 v1^T) phi_k and z_i, den_i = phi_q_i . z_i + eps come
+    from a running sum of phi_k: two products where out and den would take three more."""
+    phi_q, phi_k = _load(x_q, r, i0, i1, elu), _load(x_k, r, i0, i1, elu)
+    v1, dout1 = _with_column(v, r, i0, i1, 1), _with_column(dout, r, i0, i1, 0)
+    g = _masked(dout1, v1, phi_k, False)                    # the block's own keys
+    g += dout1 @ state.T                                    # and earlier blocks': (C, D)
+    m = v.shape[2]
+    z = state[:, m].copy()
+    for i in range(i1 - i0):
+        z += phi_k[i]                                       # z_i, Eq. (18)
+        den = _dot(phi_q[i], z) + eps                       # Eq. (12)
+        dden = -_dot(phi_q[i], g[i]) / (den * den)          # the normaliser's gradient
         for j in range(m):
             dnum1[r, i0 + i, j] = dout[r, i0 + i, j] / den
-            dot += dout[r, i0 + i, j] * num[i, j] / den
-        dnum1[r, i0 + i, m] = -dot / den                    # the normaliser's gradient
-    if stage == DQ:
-        dnum1_b = dnum1[r, i0:i1]
-        dq_b = _masked(dnum1_b, v1, phi_k, False)           # Eq. (13), within the block
-        dq_b += dnum1_b @ state.T                           # and from earlier blocks
-        _chain_elu(dq_b, x_q, phi_q, elu, dq[r, i0:i1], r, i0)
+        dnum1[r, i0 + i, m] = dden
+        for f in range(z.size):
+            g[i, f] = g[i, f] / den + dden * z[f]           # dphi_q_i, Eq. (13)
+    _chain_elu(g, x_q, phi_q, elu, dq[r, i0:i1], r, i0)
     return phi_k.T @ v1
+
+
+@njit(cache=True, error_model="numpy")
+def _dkv(x_q, x_k, v, elu, dnum1, dk, dv, r, i0, i1, state):
+    """dphi_k and dv for the block from U, the sum of phi_q^T dnum1 over later blocks:
+    dphi_k = v1 U^T + triu(v1 dnum1^T) phi_q, dv = phi_k U + triu(phi_k phi_q^T) dnum1,
+    Eq. (14)-(15); returns the block's phi_q^T dnum1."""
+    phi_q, phi_k = _load(x_q, r, i0, i1, elu), _load(x_k, r, i0, i1, elu)
+    v1, dnum1_b = _with_column(v, r, i0, i1, 1), dnum1[r, i0:i1]
+    dk_b = _masked(v1, dnum1_b, phi_q, True)                # Eq. (14), within the block
+    dk_b += v1 @ state.T                                    # and from later blocks
+    dv_b = _masked(phi_k, phi_q, dnum1_b, True)             # Eq. (15)
+    dv_b += phi_k @ state
+    _chain_elu(dk_b, x_k, phi_k, elu, dk[r, i0:i1], r, i0)
+    m = v.shape[2]
+    for i in range(i1 - i0):
+        dv[r, i0 + i] = dv_b[i, :m]                         # the ones column has no gradient
+    return phi_q.T @ dnum1_b
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
@@ -191,17 +227,26 @@ def sweep(stage, x_q, x_k, v, dout, eps, elu, out, dnum1, dq, dk, dv, block, bou
     rows, n, d = x_q.shape
     reverse = stage == DKV
     blocks, n_segments = -(-n // block), bounds.size - 1
+    # the increments before a segment in products of up to ``group`` positions, not C
+    group = max(1, (SINGLE_THREAD_PRODUCT - 1) // (d * (v.shape[2] + 1)))
     for unit in prange(rows * n_segments):
         r, s = divmod(np.int64(unit), n_segments)    # prange counts unsigned
         state = np.zeros((d, v.shape[2] + 1), dtype=v.dtype)
-        for t in range(bounds[s + 1]):               # blocks in scan order
+        # before the segment: the state only, summed over the positions of bounds[s] blocks
+        lo, hi = (blocks - bounds[s]) * block, n
+        if not reverse:
+            lo, hi = 0, min(n, bounds[s] * block)
+        for g0 in range(lo, hi, group):
+            state += _increment(stage, x_q, x_k, v, dnum1, r, g0, min(hi, g0 + group), elu)
+        for t in range(bounds[s], bounds[s + 1]):   # the segment's blocks in scan order
             blk = blocks - 1 - t if reverse else t
             i0, i1 = blk * block, min(n, (blk + 1) * block)
-            if t < bounds[s]:                        # before the segment: the state only
-                state += _increment(stage, x_q, x_k, v, dnum1, r, i0, i1, elu)
+            if stage == FORWARD:
+                state += _forward(x_q, x_k, v, eps, elu, out, r, i0, i1, state)
+            elif stage == DQ:
+                state += _dq(x_q, x_k, v, dout, eps, elu, dnum1, dq, r, i0, i1, state)
             else:
-                state += _emit(stage, x_q, x_k, v, dout, eps, elu, out, dnum1, dq, dk, dv,
-                               r, i0, i1, state)
+                state += _dkv(x_q, x_k, v, elu, dnum1, dk, dv, r, i0, i1, state)
 
 
 def _sweeps(x_q, x_k, v, chunk_size):
@@ -235,7 +280,8 @@ def attend_backward(dout, phi_q, phi_k, v, *, causal, eps,
     """Backward of ``attend``: (dphi_q, dphi_k, dv), or (dq, dk, dv) with ``elu``, by two
     sweeps (Eq. 13-15 and the normaliser's gradient; see the module).
 
-    Cost: three forwards' time; O(N (F + M)) memory: the gradients and dnum1 (N, M + 1).
+    Cost: about 2.7 forwards' flops at C = 32, D = M = 64; O(N (F + M)) memory: the
+    gradients and dnum1 (N, M + 1).
     """
     if not causal:
         features = (elu_map.features(phi_q), elu_map.features(phi_k)) if elu else (phi_q, phi_k)
