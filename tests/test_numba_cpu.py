@@ -178,9 +178,9 @@ def test_float32_stays_float32_inside_the_loops():
     out, den, eps = np.empty_like(x), np.empty((2, 5), np.float32), np.float32(1e-6)
     assert not float64_in_ir(products.causal_product, x, x, x, False, eps, out, den, 1)
     assert not float64_in_ir(products.global_product, x, x, x, eps, out, den, 1)
-    dnum1 = np.empty((2, 5, 5), np.float32)
+    norms = np.empty((2, 5, 2), np.float32)
     for stage in (chunked.FORWARD, chunked.DQ, chunked.DKV):
-        assert not float64_in_ir(chunked.sweep, stage, x, x, x, x, eps, True, out, dnum1,
+        assert not float64_in_ir(chunked.sweep, stage, x, x, x, x, eps, True, out, norms,
                                  x.copy(), x.copy(), x.copy(), 2, np.array([0, 2, 3]))
     flat = x.reshape(-1)
     assert not float64_in_ir(elu.phi_into, flat, flat.copy())

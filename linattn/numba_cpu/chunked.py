@@ -10,9 +10,10 @@ normaliser's column of ones, and S (D, M + 1) the state entering the block,
 The backward is two sweeps (section 3.3.1, Eq. 13-15), each with one state:
 - forward in time, the same S, without the block's out: g_i = S_i dout_i comes from
   g = dout1 S^T + tril(dout1 v1^T) phi_k with dout1 = [dout, 0], and den_i from a running z;
-  then dnum1 = [dout / den, dden] with dden = -phi_q . g / den^2 = -dout . out / den (kept for
-  the next sweep) and dphi_q = g / den + dden z;
-- backward in time, U = sum over later blocks of phi_q^T dnum1 (D, M + 1):
+  then dden = -phi_q . g / den^2 = -dout . out / den and dphi_q = g / den + dden z; den and
+  dden are kept for the next sweep (2 numbers a position, not the M + 1 of dnum1);
+- backward in time, with dnum1 = [dout / den, dden] and U = sum over later blocks of
+  phi_q^T dnum1 (D, M + 1):
   dphi_k = v1 U^T + triu(v1 dnum1^T) phi_q  and  dv = (phi_k U + triu(phi_k phi_q^T) dnum1)[:, :M].
 Per position the forward and the first backward sweep cost 2 C (D + M) + 4 D M flops each
 against the loops' 4 D M, the second sweep 4 C (D + M) + 6 D M, but nearly all of it runs
@@ -134,10 +135,24 @@ def _masked(x, y, z, reverse):
 
 
 @njit(cache=True, error_model="numpy")
-def _increment(stage, x_q, x_k, v, dnum1, r, i0, i1, elu):
+def _dnum1(dout, norms, r, i0, i1):
+    """dnum1 = [dout / den, dden] (C, M + 1): the gradient with respect to num, the
+    normaliser's last, from the (den, dden) pairs ``norms`` of the DQ sweep."""
+    m = dout.shape[2]
+    dnum1 = np.empty((i1 - i0, m + 1), dtype=dout.dtype)
+    for i in range(i0, i1):
+        den = norms[r, i, 0]
+        for j in range(m):
+            dnum1[i - i0, j] = dout[r, i, j] / den
+        dnum1[i - i0, m] = norms[r, i, 1]
+    return dnum1
+
+
+@njit(cache=True, error_model="numpy")
+def _increment(stage, x_q, x_k, v, dout, norms, r, i0, i1, elu):
     """The block's contribution to the state: phi_k^T v1, or phi_q^T dnum1 (DKV)."""
     if stage == DKV:
-        return _load(x_q, r, i0, i1, elu).T @ dnum1[r, i0:i1]
+        return _load(x_q, r, i0, i1, elu).T @ _dnum1(dout, norms, r, i0, i1)
     return _load(x_k, r, i0, i1, elu).T @ _with_column(v, r, i0, i1, 1)
 
 
@@ -169,11 +184,11 @@ def _forward(x_q, x_k, v, eps, elu, out, r, i0, i1, state):
 
 
 @njit(cache=True, error_model="numpy")
-def _dq(x_q, x_k, v, dout, eps, elu, dnum1, dq, r, i0, i1, state):
-    """dphi_q for the block (Eq. 13 and the normaliser's part), and dnum1 for the DKV sweep,
-    without the block's out: with g_i = S_i dout_i (S_i the state after position i),
+def _dq(x_q, x_k, v, dout, eps, elu, norms, dq, r, i0, i1, state):
+    """dphi_q for the block (Eq. 13 and the normaliser's part) and (den, dden) for the DKV
+    sweep, without the block's out: with g_i = S_i dout_i (S_i the state after position i),
         dout_i . num_i = phi_q_i . g_i,   dden_i = -phi_q_i . g_i / den_i^2,
-        dphi_q_i = g_i / den_i + dden_i z_i,   dnum1_i = [dout_i / den_i, dden_i],
+        dphi_q_i = g_i / den_i + dden_i z_i,
     where g = dout1 S^T + tril(dout1 v1^T) phi_k and z_i, den_i = phi_q_i . z_i + eps come
     from a running sum of phi_k: two products where out and den would take three more."""
     phi_q, phi_k = _load(x_q, r, i0, i1, elu), _load(x_k, r, i0, i1, elu)
@@ -186,9 +201,7 @@ def _dq(x_q, x_k, v, dout, eps, elu, dnum1, dq, r, i0, i1, state):
         z += phi_k[i]                                       # z_i, Eq. (18)
         den = _dot(phi_q[i], z) + eps                       # Eq. (12)
         dden = -_dot(phi_q[i], g[i]) / (den * den)          # the normaliser's gradient
-        for j in range(m):
-            dnum1[r, i0 + i, j] = dout[r, i0 + i, j] / den
-        dnum1[r, i0 + i, m] = dden
+        norms[r, i0 + i, 0], norms[r, i0 + i, 1] = den, dden
         for f in range(z.size):
             g[i, f] = g[i, f] / den + dden * z[f]           # dphi_q_i, Eq. (13)
     _chain_elu(g, x_q, phi_q, elu, dq[r, i0:i1], r, i0)
@@ -196,12 +209,12 @@ def _dq(x_q, x_k, v, dout, eps, elu, dnum1, dq, r, i0, i1, state):
 
 
 @njit(cache=True, error_model="numpy")
-def _dkv(x_q, x_k, v, elu, dnum1, dk, dv, r, i0, i1, state):
+def _dkv(x_q, x_k, v, dout, elu, norms, dk, dv, r, i0, i1, state):
     """dphi_k and dv for the block from U, the sum of phi_q^T dnum1 over later blocks:
     dphi_k = v1 U^T + triu(v1 dnum1^T) phi_q, dv = phi_k U + triu(phi_k phi_q^T) dnum1,
     Eq. (14)-(15); returns the block's phi_q^T dnum1."""
     phi_q, phi_k = _load(x_q, r, i0, i1, elu), _load(x_k, r, i0, i1, elu)
-    v1, dnum1_b = _with_column(v, r, i0, i1, 1), dnum1[r, i0:i1]
+    v1, dnum1_b = _with_column(v, r, i0, i1, 1), _dnum1(dout, norms, r, i0, i1)
     dk_b = _masked(v1, dnum1_b, phi_q, True)                # Eq. (14), within the block
     dk_b += v1 @ state.T                                    # and from later blocks
     dv_b = _masked(phi_k, phi_q, dnum1_b, True)             # Eq. (15)
@@ -214,12 +227,12 @@ def _dkv(x_q, x_k, v, elu, dnum1, dk, dv, r, i0, i1, state):
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def sweep(stage, x_q, x_k, v, dout, eps, elu, out, dnum1, dq, dk, dv, block, bounds):
+def sweep(stage, x_q, x_k, v, dout, eps, elu, out, norms, dq, dk, dv, block, bounds):
     """One sweep over blocks of ``block`` positions (see the module): writes ``out``
-    (FORWARD), ``dnum1`` and ``dq`` (DQ), or ``dk`` and ``dv`` (DKV, backward in time); one
+    (FORWARD), ``norms`` and ``dq`` (DQ), or ``dk`` and ``dv`` (DKV, backward in time); one
     unit per row and segment of ``bounds`` (``segments``).
 
-    Shapes: x_q, x_k (R, N, D); v (R, N, M); dout, out (R, N, M); dnum1 (R, N, M + 1);
+    Shapes: x_q, x_k (R, N, D); v (R, N, M); dout, out (R, N, M); norms (R, N, 2);
     dq, dk (R, N, D); dv (R, N, M); arrays a sweep does not use may be empty.
     Cost: O(R N (D M + C (D + M))) time, plus O(R N D M) to start segments after the
     first; O(D M + C (C + D + M)) memory per unit, never a state per position.
@@ -237,16 +250,17 @@ def sweep(stage, x_q, x_k, v, dout, eps, elu, out, dnum1, dq, dk, dv, block, bou
         if not reverse:
             lo, hi = 0, min(n, bounds[s] * block)
         for g0 in range(lo, hi, group):
-            state += _increment(stage, x_q, x_k, v, dnum1, r, g0, min(hi, g0 + group), elu)
+            state += _increment(stage, x_q, x_k, v, dout, norms, r, g0, min(hi, g0 + group),
+                                elu)
         for t in range(bounds[s], bounds[s + 1]):   # the segment's blocks in scan order
             blk = blocks - 1 - t if reverse else t
             i0, i1 = blk * block, min(n, (blk + 1) * block)
             if stage == FORWARD:
                 state += _forward(x_q, x_k, v, eps, elu, out, r, i0, i1, state)
             elif stage == DQ:
-                state += _dq(x_q, x_k, v, dout, eps, elu, dnum1, dq, r, i0, i1, state)
+                state += _dq(x_q, x_k, v, dout, eps, elu, norms, dq, r, i0, i1, state)
             else:
-                state += _dkv(x_q, x_k, v, elu, dnum1, dk, dv, r, i0, i1, state)
+                state += _dkv(x_q, x_k, v, dout, elu, norms, dk, dv, r, i0, i1, state)
 
 
 def _sweeps(x_q, x_k, v, chunk_size):
@@ -281,7 +295,7 @@ def attend_backward(dout, phi_q, phi_k, v, *, causal, eps,
     sweeps (Eq. 13-15 and the normaliser's gradient; see the module).
 
     Cost: about 2.7 forwards' flops at C = 32, D = M = 64; O(N (F + M)) memory: the
-    gradients and dnum1 (N, M + 1).
+    gradients and (den, dden) (N, 2).
     """
     if not causal:
         features = (elu_map.features(phi_q), elu_map.features(phi_k)) if elu else (phi_q, phi_k)
@@ -292,10 +306,10 @@ def attend_backward(dout, phi_q, phi_k, v, *, causal, eps,
         return dphi_q, dphi_k, dv
     q, k, v_rows, block, bounds = _sweeps(phi_q, phi_k, v, chunk_size)
     dout_rows, eps = as_rows(dout), v.dtype.type(eps)
-    dnum1 = np.empty((*v_rows.shape[:-1], v_rows.shape[-1] + 1), dtype=v.dtype)
+    norms = np.empty((*v_rows.shape[:-1], 2), dtype=v.dtype)                # (den, dden)
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v_rows)
     none = np.empty((0, 0, 0), dtype=v.dtype)
     for stage in (DQ, DKV):
-        sweep(stage, q, k, v_rows, dout_rows, eps, elu, none, dnum1, dq, dk, dv, block,
+        sweep(stage, q, k, v_rows, dout_rows, eps, elu, none, norms, dq, dk, dv, block,
               bounds)
     return dq.reshape(phi_q.shape), dk.reshape(phi_k.shape), dv.reshape(v.shape)
