@@ -69,16 +69,18 @@ def parse(argv):
 
 def threads(cfg):
     """Best causal forward time at heads = 1 on every Numba thread and on one: the split of
-    the state's columns between workers."""
+    the sequence into segments between workers. At least 20 repeats: a call takes about a
+    millisecond, and the first calls after ``settle`` wake the sleeping threads."""
     import numba
     q, k, v, _ = cases.inputs(cfg.batch, 1, cfg.target_n, cfg.dim, cfg.value_dim, cfg.dtype)
     forward = cases.CASES["causal numba"][0]
     all_threads = numba.get_num_threads()
     timing.settle(cfg.pause)
-    all_s = timing.seconds(lambda: forward(q, k, v), cfg.repeats)[1]
+    repeats = max(cfg.repeats, 20)
+    all_s = timing.seconds(lambda: forward(q, k, v), repeats)[1]
     numba.set_num_threads(1)
     try:
-        one_s = timing.seconds(lambda: forward(q, k, v), cfg.repeats)[1]
+        one_s = timing.seconds(lambda: forward(q, k, v), repeats)[1]
     finally:
         numba.set_num_threads(all_threads)
     return {"threads": all_threads, "all_s": all_s, "one_s": one_s}
