@@ -68,6 +68,20 @@ def test_step_dtypes(backend, dtype, state_dtype):
     assert out.dtype == dtype and state.S.dtype == state.z.dtype == state_dtype
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("d, m, lead", [(0, 3, (2,)), (3, 0, (2,)), (0, 0, (2,)), (3, 4, (0,)),
+                                        (3, 4, ())])
+def test_step_at_empty_widths_and_leading_axes(backend, d, m, lead):
+    # the kernels count rows through a non-empty width: every backend as NumPy's step
+    rng = np.random.default_rng(5)
+    q, k, v = rng.random((*lead, d)), rng.random((*lead, d)), rng.random((*lead, m))
+    want, want_state = linear_attention_step(q, k, v, backend="numpy")
+    out, state = linear_attention_step(q, k, v, backend=backend)
+    assert out.shape == want.shape and state.S.shape == want_state.S.shape
+    np.testing.assert_allclose(out, want, rtol=1e-12)
+    np.testing.assert_allclose(state.S, want_state.S, rtol=1e-12)
+
+
 @pytest.mark.parametrize("state, error, message", [
     (State(np.zeros((3, 3)), np.zeros(3)), ValueError, "S \\(3, 2\\)"),
     (State(np.zeros((3, 2)), np.zeros(2)), ValueError, "z \\(3,\\)"),

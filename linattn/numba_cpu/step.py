@@ -47,9 +47,8 @@ def _step(q, k, v, s, z, eps, elu):
     C-contiguous q, k (..., F), v (..., M), s (..., F, M), z (..., F); returns new arrays
     (out, s_new, z_new) of v's, s's and z's shapes; s and z are not changed."""
     f_width, m_width = k.shape[-1], v.shape[-1]
-    rows = 1
-    for n in k.shape[:-1]:                          # the leading axes, flattened
-        rows *= n
+    # the leading axes flattened, counted through a non-empty width (D or M may be 0)
+    rows = v.size // m_width if m_width else (k.size // f_width if f_width else 0)
     out, s_new, z_new = np.empty_like(v), np.empty_like(s), np.empty_like(z)
     q2, k2, v2, out2 = (q.reshape(rows, f_width), k.reshape(rows, f_width),
                         v.reshape(rows, m_width), out.reshape(rows, m_width))
