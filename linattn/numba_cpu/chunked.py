@@ -189,8 +189,9 @@ def _dq(x_q, x_k, v, dout, eps, elu, norms, dq, r, i0, i1, state):
     sweep, without the block's out: with g_i = S_i dout_i (S_i the state after position i),
         dout_i . num_i = phi_q_i . g_i,   dden_i = -phi_q_i . g_i / den_i^2,
         dphi_q_i = g_i / den_i + dden_i z_i,
-    where g = dout1 S^T + tril(dout1 v1^T) phi_k and z_i, den_i = phi_q_i . z_i + eps come
-    from a running sum of phi_k: two products where out and den would take three more."""
+    where g = dout1 S^T + tril(dout1 v1^T) phi_k (three matrix products) and z_i,
+    den_i = phi_q_i . z_i + eps come from a running sum of phi_k: recomputing out and den
+    would take three products more."""
     phi_q, phi_k = _load(x_q, r, i0, i1, elu), _load(x_k, r, i0, i1, elu)
     v1, dout1 = _with_column(v, r, i0, i1, 1), _with_column(dout, r, i0, i1, 0)
     g = _masked(dout1, v1, phi_k, False)                    # the block's own keys
