@@ -54,15 +54,20 @@ def _fused(backend, phi):
     return backend == "numba" and type(phi) is EluPlusOne
 
 
-def _check_options(eps, chunk_size):
+def _options(causal, eps, chunk_size):
+    """The keywords every kernel takes, checked; ``chunk_size`` only when given, so that
+    each kernel keeps its own measured default."""
     if not isinstance(eps, numbers.Real) or not eps >= 0:
         raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    if chunk_size is None:
+        return dict(causal=causal, eps=eps)
     if not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+        raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
+    return dict(causal=causal, eps=eps, chunk_size=chunk_size)
 
 
 def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
-                     method="auto", backend="auto", chunk_size=chunked.DEFAULT_CHUNK_SIZE):
+                     method="auto", backend="auto", chunk_size=None):
     """Linear attention, Eq. (5) (non-causal) or Eq. (9)-(12) (causal).
 
     out_i = phi(q_i)^T S_i / (phi(q_i)^T z_i + eps), S_i = sum_j phi(k_j) v_j^T and
@@ -89,10 +94,10 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
         cores ("linear", "recurrent": the running sums as loops; "chunked" and "auto": blocks
         of BLAS matrix products, elu+1 fused). "auto" is "cupy" for CuPy arrays, else
         "numba" when numba imports, else "numpy"; a method Numba lacks runs on NumPy.
-    chunk_size : int
-        Block length of ``method="chunked"`` (and of Numba's "auto"). The default, 32,
-        measured fastest for Numba at D = M = 64 (25-30% ahead of 64); NumPy's blocks run
-        within 5% of their best at 32 and 64.
+    chunk_size : int or None
+        Block length of ``method="chunked"`` (and of Numba's "auto"). None: each backend's
+        measured best at D = M = 64, 16 for Numba (10% ahead of 32, see
+        ``numba_cpu.chunked``) and 32 for NumPy (within 5% of 64).
 
     Returns
     -------
@@ -102,10 +107,9 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
     (O(N^2 max(F, M)) time, O(N^2) memory); F is the feature map's width.
     """
     (q, k, v), out_dtype = _checks.check_qkv(q, k, v)
-    _check_options(eps, chunk_size)
+    kw = _options(causal, eps, chunk_size)
     kernel, backend = _kernel(method, backend, causal, _checks.array_module(q))
     phi = get_feature_map(feature_map)
-    kw = dict(causal=causal, eps=eps, chunk_size=chunk_size)
     if _fused(backend, phi):
         out = kernel.attend(q, k, v, elu=True, **kw)
     else:
@@ -115,7 +119,7 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
 
 def linear_attention_backward(dout, q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
                               method="auto", backend="auto",
-                              chunk_size=chunked.DEFAULT_CHUNK_SIZE):
+                              chunk_size=None):
     """Gradients of ``linear_attention`` with respect to q, k and v, Eq. (13)-(15).
 
     The kernel returns the gradients with respect to the features and v (Eq. 13-15,
@@ -136,10 +140,9 @@ def linear_attention_backward(dout, q, k, v, *, causal=False, feature_map="elu+1
     dv : ndarray, shape (..., N, M)
     """
     (q, k, v, dout), out_dtype = _checks.check_qkv(q, k, v, dout)
-    _check_options(eps, chunk_size)
+    kw = _options(causal, eps, chunk_size)
     kernel, backend = _kernel(method, backend, causal, _checks.array_module(q))
     phi = get_feature_map(feature_map)
-    kw = dict(causal=causal, eps=eps, chunk_size=chunk_size)
     if _fused(backend, phi):
         grads = kernel.attend_backward(dout, q, k, v, elu=True, **kw)
     else:

@@ -195,3 +195,16 @@ def test_bad_options(keyword, value):
     q, k, v = random_qkv(20, 4, 2, 2)
     with pytest.raises(ValueError, match=keyword):
         linear_attention(q, k, v, **{keyword: value})
+
+
+@pytest.mark.parametrize("backend, best", [("numpy", 32), ("numba", 16)])
+def test_default_chunk_size_is_each_backends_own(backend, best):
+    # chunk_size=None hands no block length down: each kernel's measured default runs
+    q, k, v = random_qkv(21, 100, 64, 64)
+    dout = np.random.default_rng(22).standard_normal(v.shape)
+    kw = dict(causal=True, method="chunked", backend=backend)
+    for chunk_size, same in ((best, True), (best // 2, False)):
+        want = [linear_attention(q, k, v, chunk_size=chunk_size, **kw),
+                *linear_attention_backward(dout, q, k, v, chunk_size=chunk_size, **kw)]
+        got = [linear_attention(q, k, v, **kw), *linear_attention_backward(dout, q, k, v, **kw)]
+        assert all(np.array_equal(g, w) for g, w in zip(got, want)) == same

@@ -13,7 +13,7 @@ from numba import njit
 
 from linattn import _checks, linear, linear_attention, linear_attention_backward
 from linattn.feature_maps import EluPlusOne
-from linattn.numba_cpu import chunked, elu, normaliser, products, softmax, step
+from linattn.numba_cpu import blas, chunked, elu, normaliser, products, softmax, step
 
 from conftest import random_qkv
 
@@ -101,6 +101,40 @@ def test_fused_elu_is_the_feature_map(dtype):
                                rtol=2 * np.finfo(dtype).eps, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("a_order, b_order", [("C", "C"), ("F", "C"), ("C", "F"), ("F", "F")])
+@pytest.mark.parametrize("beta", [0, 1, 0.5])
+def test_gemm_adds_the_product_into_out(dtype, a_order, b_order, beta):
+    rng = np.random.default_rng(3)
+    a = np.asarray(rng.standard_normal((5, 7)), dtype, order=a_order)
+    b = np.asarray(rng.standard_normal((7, 3)), dtype, order=b_order)
+    whole = rng.standard_normal((4, 9, 3)).astype(dtype)
+    out = whole[2, 3:8]                                   # a view: rows of a larger array
+    want = a.astype(np.float64) @ b + beta * out
+    bound = 8 * np.finfo(dtype).eps * (np.abs(a) @ np.abs(b) + np.abs(beta * out))
+    blas.gemm(a, b, out, beta)
+    assert np.all(np.abs(out - want) <= bound)            # rounding of a sum of 8 terms
+    assert np.count_nonzero(whole[2, :3]) == 9 and np.count_nonzero(whole[2, 8:]) == 3
+
+
+def test_gemm_edge_cases():
+    a, b = np.ones((2, 3)), np.ones((3, 4))
+    out = np.full((2, 4), np.nan)
+    blas.gemm(a, b, out, 0)                               # beta = 0 ignores out, NaN too
+    np.testing.assert_array_equal(out, 3.0)
+    a[1, 2] = np.nan
+    blas.gemm(a, b, out, 1)                               # NaN in a reaches its row only
+    assert np.isnan(out[1]).all() and (out[0] == 6.0).all()
+    out = np.full((2, 4), 2.0)
+    blas.gemm(np.ones((2, 0)), np.ones((0, 4)), out, 0.5)  # k = 0: beta out
+    np.testing.assert_array_equal(out, 1.0)
+    blas.gemm(np.ones((2, 0)), np.ones((0, 4)), out, 0)
+    np.testing.assert_array_equal(out, 0.0)
+    blas.gemm(np.ones((0, 3)), np.ones((3, 4)), np.ones((0, 4)), 1)   # empty: nothing
+    with pytest.raises(ValueError, match="shapes"):
+        blas.gemm(np.ones((2, 3)), np.ones((4, 4)), np.ones((2, 4)), 0)
+
+
 def run_sweeps(lead, n, width, chunk_size, fused):
     """(out, dq, dk, dv) of chunked.attend(_backward) on elu+1 features, or fused."""
     q, k, v = random_qkv(11, n, width, width + 3, lead)
@@ -160,7 +194,7 @@ def test_segments_share_the_work_evenly(rows):
 def test_block_length_keeps_every_product_on_one_blas_thread():
     assert chunked.block_length(64, 64, 64) == 64 and chunked.block_length(64, 8, 8) == 64
     c = chunked.block_length(64, 256, 256)
-    assert c * 256 * 257 < chunked.SINGLE_THREAD_PRODUCT <= (c + 1) * 256 * 257
+    assert c * 256 * 256 < chunked.SINGLE_THREAD_PRODUCT <= (c + 1) * 256 * 256
     assert chunked.block_length(1, 4096, 4096) == 1
 
 

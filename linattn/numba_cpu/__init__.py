@@ -23,11 +23,11 @@ sequence (chunked).
 """
 from . import chunked, loops
 
-# "auto" is the blocks. Measured on a 2-core AMD EPYC (float32, N = 4096, chunk_size 32,
-# forward + backward; the crossover table of ``python -m linattn bench`` repeats it on any
-# machine): at 1 head the blocks beat the loops by 1.2-2.6x at D = M = 16 to 128 and tie
-# at 256; at 8 heads by 1.2x at 32, 1.9-2.3x at 64-128 and 1.2x at 256, and tie at 16
-# (8.6-9.1 ms against 8.5-12.7 over two runs), where a block's products are small for BLAS.
+# "auto" is the blocks. Measured on a 2-core AMD EPYC (float32, N = 4096, default chunk
+# size, forward + backward; the crossover table of ``python -m linattn bench`` repeats it on
+# any machine): the blocks beat the loops at every width tried, at 8 heads by 1.4x at
+# D = M = 16, 2.1-2.4x at 32 to 128 and 1.6x at 256, at 1 head by 1.3x at 16, 2.2x at 64
+# and 1.6x at 256.
 # Non-causal, "auto" is NumPy's two matrix products S = K^T V, out = Q S (1.0-7.6x faster
 # than the loops, the most at the widest heads).
 FORMS = {"linear": loops, "recurrent": loops, "chunked": chunked, "auto": chunked}

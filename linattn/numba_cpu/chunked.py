@@ -3,27 +3,28 @@ blocks of C = ``chunk_size`` positions, each block's work done by matrix product
 called from the compiled loops), Eq. (9)-(15) of Katharopoulos et al. (2020),
 arXiv:2006.16236.
 
-With phi_q, phi_k (C, D) a block's features, v1 = [v, 1] (C, M + 1) its values with the
-normaliser's column of ones, and S (D, M + 1) the state entering the block,
-    num = phi_q S + tril(phi_q phi_k^T) v1,   out = num[:, :M] / (num[:, M] + eps)   Eq. (9-12)
-    S  <- S + phi_k^T v1.
+With phi_q, phi_k (C, D) and v (C, M) a block's features and values, and (S, z) = (sum of
+phi_k_j v_j^T, sum of phi_k_j) (D, M), (D,) over the positions before the block:
+    out = (phi_q S + A v) / den,   A = tril(phi_q phi_k^T),             Eq. (9)-(12)
+    den_i = phi_q_i . z + sum_j A_ij + eps,   S <- S + phi_k^T v,  z <- z + sum_i phi_k_i.
 The backward is two sweeps (section 3.3.1, Eq. 13-15), each with one state:
-- forward in time, the same S, without the block's out: g_i = S_i dout_i comes from
-  g = dout1 S^T + tril(dout1 v1^T) phi_k with dout1 = [dout, 0], and den_i from a running z;
-  then dden = -phi_q . g / den^2 = -dout . out / den and dphi_q = g / den + dden z; den and
-  dden are kept for the next sweep (2 numbers a position, not the M + 1 of dnum1);
-- backward in time, with dnum1 = [dout / den, dden] and U = sum over later blocks of
-  phi_q^T dnum1 (D, M + 1):
-  dphi_k = v1 U^T + triu(v1 dnum1^T) phi_q  and  dv = (phi_k U + triu(phi_k phi_q^T) dnum1)[:, :M].
+- forward in time, the same (S, z), without the block's out: g_i = S_i dout_i comes from
+  g = dout S^T + tril(dout v^T) phi_k, den_i from a running z; then
+  dden = -phi_q . g / den^2 = -dout . out / den and dphi_q = g / den + dden z; den and dden
+  are kept for the next sweep (2 numbers a position);
+- backward in time, with dnum = dout / den and (U, u) = sums over later blocks of
+  phi_q^T dnum (D, M) and phi_q^T dden (D,):
+  dphi_k = v U^T + u + triu(v dnum^T + dden) phi_q  and  dv = phi_k U + triu(phi_k phi_q^T) dnum.
 Per position the forward and the first backward sweep cost 2 C (D + M) + 4 D M flops each
-against the loops' 4 D M, the second sweep 4 C (D + M) + 6 D M, but nearly all of it runs
-in BLAS near the machine's peak. With ``elu`` the kernels take the raw q, k and apply
-elu+1 (Eq. 7) and its derivative to each block as they load it (``elu``).
+against the loops' 4 D M, the second sweep 4 C (D + M) + 6 D M; nearly all of it runs in
+BLAS, which adds each product into the array that holds the sum (``blas.gemm``): no
+temporaries. With ``elu`` the kernels take the raw q, k and apply elu+1 (Eq. 7) and its
+derivative to each block as they load it (``elu``).
 
 Work is split into rows x segments units: each unit carries the state through its blocks
 in cache. When the rows (batch x heads) do not share out evenly over the threads, each row
 is cut into segments, and each segment's unit first sums the increments of the positions
-before it (phi_k^T v1 in the longest products BLAS keeps on one thread, no readout), so units
+before it (phi_k^T v in the longest products BLAS keeps on one thread, no readout), so units
 never wait for one another.
 Non-causal attention is S = phi_k^T [v, 1] and out = phi_q S: NumPy's own form
 (``forms.cumulative``) already runs it as two matrix products on all of BLAS's threads.
@@ -36,26 +37,30 @@ import numpy as np
 from numba import njit, prange
 
 from ..forms import cumulative
-from ..forms.chunked import DEFAULT_CHUNK_SIZE
 from . import elu as elu_map
+from .blas import gemm
 from .normaliser import rows as as_rows
 
 FORWARD, DQ, DKV = 0, 1, 2       # the sweeps: attention; dphi_q; dphi_k and dv (reversed)
+# C, measured at D = M = 64, N = 4096, float32, 8 heads on 2 cores (forward + backward
+# sweeps, ms): C = 8 25.4-26.3, 12 24.5-25.0, 16 24.4-24.8, 20 26.4-27.6, 32 27.3-27.7
+DEFAULT_CHUNK_SIZE = 16
 # OpenBLAS (SciPy's, which Numba calls) gives a matrix product of m n k multiply-adds
 # floor(m n k / 2^18) threads: below 2^19 it runs on the calling thread; above, its own
 # threads fight the Numba threads calling it (blocks of 96 at D = M = 64 ran 3x slower).
 SINGLE_THREAD_PRODUCT = 2 ** 19
 # the increments before a segment, a block's worth of positions, against a block's whole
-# forward work: measured (heads = 1, N = 4096, D = M = 64, 2 threads: 0.2 to 0.4 tried, 0.3
-# fastest); sets the lengths of ``segments``
+# forward work: measured (heads = 1, N = 4096, D = M = 64, 2 threads over 1: 0.2 to 0.5
+# tried, the forward fastest at 0.3, 1.63-1.64x; forward + backward 1.51-1.56x there, 2%
+# better at 0.2); sets the lengths of ``segments``
 INCREMENT_COST = 0.3
 
 
 def block_length(chunk_size, d, m):
     """Positions per block: ``chunk_size``, or fewer for wide heads, so that each of a block's
-    matrix products (C x D x (M + 1), C x C x max(D, M + 1)) stays on the calling thread."""
-    c, wide = chunk_size, max(d, m + 1)
-    while c > 1 and max(c * d * (m + 1), c * c * wide) >= SINGLE_THREAD_PRODUCT:
+    matrix products (C x D x M, C x C x max(D, M)) stays on the calling thread."""
+    c, wide = chunk_size, max(d, m)
+    while c > 1 and max(c * d * m, c * c * wide) >= SINGLE_THREAD_PRODUCT:
         c -= 1
     return c
 
@@ -92,18 +97,6 @@ def _load(x, r, i0, i1, elu):
 
 
 @njit(cache=True, error_model="numpy")
-def _with_column(x, r, i0, i1, value):
-    """[x[r, i0:i1], value]: (C, M + 1). With 1, v1 = [v, 1] carries the normaliser as one
-    more value column; with 0, dout1 = [dout, 0] reads the state's values only."""
-    m = x.shape[2]
-    x1 = np.empty((i1 - i0, m + 1), dtype=x.dtype)
-    for i in range(i0, i1):
-        x1[i - i0, :m] = x[r, i]
-        x1[i - i0, m] = value
-    return x1
-
-
-@njit(cache=True, error_model="numpy")
 def _dot(x, y):
     """x . y over two 1-D arrays as four interleaved sums: without fastmath LLVM may not
     reorder a sum, and one chain of adds waits on each add's latency."""
@@ -120,84 +113,99 @@ def _dot(x, y):
 
 
 @njit(cache=True, error_model="numpy")
-def _masked(x, y, z, reverse):
-    """tril(x y^T) z, or triu(x y^T) z if reverse: the block's own positions, (C, W)."""
+def _masked(x, y, reverse):
+    """tril(x y^T), or triu(x y^T) if reverse: x_i . y_j for the pairs of the block that
+    see each other, (C, C)."""
     c = x.shape[0]
     scores = np.empty((c, c), dtype=x.dtype)
-    np.dot(x, y.T, scores)                                 # x_i . y_j
+    gemm(x, y.T, scores, 0)
     zero = x.dtype.type(0)
     for i in range(c):
         for j in range(i) if reverse else range(i + 1, c):
             scores[i, j] = zero                            # assigned: 0 * NaN would be NaN
-    out = np.empty((c, z.shape[1]), dtype=x.dtype)
-    np.dot(scores, z, out)
-    return out
+    return scores
 
 
 @njit(cache=True, error_model="numpy")
-def _dnum1(dout, norms, r, i0, i1):
-    """dnum1 = [dout / den, dden] (C, M + 1): the gradient with respect to num, the
-    normaliser's last, from the (den, dden) pairs ``norms`` of the DQ sweep."""
-    m = dout.shape[2]
-    dnum1 = np.empty((i1 - i0, m + 1), dtype=dout.dtype)
-    for i in range(i0, i1):
-        den = norms[r, i, 0]
-        for j in range(m):
-            dnum1[i - i0, j] = dout[r, i, j] / den
-        dnum1[i - i0, m] = norms[r, i, 1]
-    return dnum1
+def _accumulate(x, y, w, S, z):
+    """S += x^T y (F, M) and z += x^T w (F,): a block's increment of a state, phi_k^T v and
+    phi_k^T 1 (Eq. 10-11), or phi_q^T dnum and phi_q^T dden (DKV)."""
+    gemm(x.T, y, S, 1)
+    for i in range(x.shape[0]):
+        for f in range(z.size):
+            z[f] += x[i, f] * w[i]
 
 
 @njit(cache=True, error_model="numpy")
-def _increment(stage, x_q, x_k, v, dout, norms, r, i0, i1, elu):
-    """The block's contribution to the state: phi_k^T v1, or phi_q^T dnum1 (DKV)."""
+def _dnum(dout, norms, r, i0, i1):
+    """(dout / den (C, M), dden (C,)): the gradients with respect to the numerator and the
+    normaliser, from the (den, dden) pairs ``norms`` of the DQ sweep."""
+    dout_b = dout[r, i0:i1]
+    dnum = np.empty(dout_b.shape, dtype=dout.dtype)
+    for i in range(i1 - i0):
+        den = norms[r, i0 + i, 0]
+        for j in range(dout_b.shape[1]):
+            dnum[i, j] = dout_b[i, j] / den
+    return dnum, norms[r, i0:i1, 1].copy()
+
+
+@njit(cache=True, error_model="numpy")
+def _increment(stage, x_q, x_k, v, dout, norms, r, i0, i1, elu, S, z):
+    """Add the positions' contribution to the state: phi_k^T v and phi_k^T 1, or
+    phi_q^T dnum and phi_q^T dden (DKV)."""
     if stage == DKV:
-        return _load(x_q, r, i0, i1, elu).T @ _dnum1(dout, norms, r, i0, i1)
-    return _load(x_k, r, i0, i1, elu).T @ _with_column(v, r, i0, i1, 1)
+        dnum, dden = _dnum(dout, norms, r, i0, i1)
+        _accumulate(_load(x_q, r, i0, i1, elu), dnum, dden, S, z)
+    else:
+        _accumulate(_load(x_k, r, i0, i1, elu), v[r, i0:i1], np.ones(i1 - i0, v.dtype), S, z)
 
 
 @njit(cache=True, error_model="numpy")
-def _chain_elu(dphi_b, x, phi_b, elu, grad, r, i0):
-    """grad = dphi_b * d phi / dx with ``elu`` (1 where x > 0, else exp(x) = phi(x)), else
-    dphi_b: the block's gradient with respect to the raw rows x[r, i0:]."""
+def _chain_elu(grad, x, phi_b, elu, r, i0):
+    """With ``elu``, grad *= d phi / dx (1 where x > 0, else exp(x) = phi(x)) in place: the
+    block's gradient with respect to the features becomes that with respect to the raw
+    rows x[r, i0:]."""
+    if not elu:
+        return
     one = grad.dtype.type(1)
     for i in range(grad.shape[0]):
         for f in range(grad.shape[1]):
-            grad[i, f] = dphi_b[i, f] * (one if x[r, i0 + i, f] > 0 else phi_b[i, f]) \
-                if elu else dphi_b[i, f]
+            grad[i, f] *= one if x[r, i0 + i, f] > 0 else phi_b[i, f]   # NaN x: NaN phi
 
 
 @njit(cache=True, error_model="numpy")
-def _forward(x_q, x_k, v, eps, elu, out, r, i0, i1, state):
-    """out for the block from the state S entering it, Eq. (9)-(12):
-    num = phi_q S + tril(phi_q phi_k^T) v1, its last column the normaliser phi_q_i^T z_i."""
+def _forward(x_q, x_k, v, eps, elu, out, r, i0, i1, S, z):
+    """out for the block from the state (S, z) entering it, Eq. (9)-(12), and the state
+    after it: out_i = (phi_q_i^T S + sum_{j <= i} (phi_q_i . phi_k_j) v_j) / den_i with
+    den_i = phi_q_i^T z + sum_{j <= i} phi_q_i . phi_k_j + eps."""
     phi_q, phi_k = _load(x_q, r, i0, i1, elu), _load(x_k, r, i0, i1, elu)
-    v1 = _with_column(v, r, i0, i1, 1)
-    num = _masked(phi_q, phi_k, v1, False)
-    num += phi_q @ state
-    m = v.shape[2]
+    v_b, out_b = v[r, i0:i1], out[r, i0:i1]
+    scores = _masked(phi_q, phi_k, False)                   # A: the block's own keys
+    gemm(phi_q, S, out_b, 0)                                # earlier blocks': (C, M)
+    gemm(scores, v_b, out_b, 1)                             # + A v
     for i in range(i1 - i0):
-        den = num[i, m] + eps                               # phi_q_i^T z_i + eps, Eq. (12)
-        for j in range(m):
-            out[r, i0 + i, j] = num[i, j] / den
-    return phi_k.T @ v1
+        den = _dot(phi_q[i], z) + eps                       # Eq. (12)
+        for j in range(i + 1):
+            den += scores[i, j]
+        for j in range(out_b.shape[1]):
+            out_b[i, j] /= den
+    _accumulate(phi_k, v_b, np.ones(i1 - i0, v.dtype), S, z)
 
 
 @njit(cache=True, error_model="numpy")
-def _dq(x_q, x_k, v, dout, eps, elu, norms, dq, r, i0, i1, state):
+def _dq(x_q, x_k, v, dout, eps, elu, norms, dq, r, i0, i1, S, z):
     """dphi_q for the block (Eq. 13 and the normaliser's part) and (den, dden) for the DKV
     sweep, without the block's out: with g_i = S_i dout_i (S_i the state after position i),
         dout_i . num_i = phi_q_i . g_i,   dden_i = -phi_q_i . g_i / den_i^2,
         dphi_q_i = g_i / den_i + dden_i z_i,
-    where g = dout1 S^T + tril(dout1 v1^T) phi_k (three matrix products) and z_i,
+    where g = dout S^T + tril(dout v^T) phi_k (three matrix products) and z_i,
     den_i = phi_q_i . z_i + eps come from a running sum of phi_k: recomputing out and den
     would take three products more."""
     phi_q, phi_k = _load(x_q, r, i0, i1, elu), _load(x_k, r, i0, i1, elu)
-    v1, dout1 = _with_column(v, r, i0, i1, 1), _with_column(dout, r, i0, i1, 0)
-    g = _masked(dout1, v1, phi_k, False)                    # the block's own keys
-    g += dout1 @ state.T                                    # and earlier blocks': (C, D)
-    m = v.shape[2]
-    z = state[:, m].copy()
+    v_b, dout_b = v[r, i0:i1], dout[r, i0:i1]
+    g = dq[r, i0:i1]                                        # dphi_q, then dq, in place
+    gemm(dout_b, S.T, g, 0)                                 # earlier blocks': (C, D)
+    gemm(_masked(dout_b, v_b, False), phi_k, g, 1)          # and the block's own keys
     for i in range(i1 - i0):
         z += phi_k[i]                                       # z_i, Eq. (18)
         den = _dot(phi_q[i], z) + eps                       # Eq. (12)
@@ -205,26 +213,33 @@ def _dq(x_q, x_k, v, dout, eps, elu, norms, dq, r, i0, i1, state):
         norms[r, i0 + i, 0], norms[r, i0 + i, 1] = den, dden
         for f in range(z.size):
             g[i, f] = g[i, f] / den + dden * z[f]           # dphi_q_i, Eq. (13)
-    _chain_elu(g, x_q, phi_q, elu, dq[r, i0:i1], r, i0)
-    return phi_k.T @ v1
+    _chain_elu(g, x_q, phi_q, elu, r, i0)
+    gemm(phi_k.T, v_b, S, 1)                                # z is already summed
 
 
 @njit(cache=True, error_model="numpy")
-def _dkv(x_q, x_k, v, dout, elu, norms, dk, dv, r, i0, i1, state):
-    """dphi_k and dv for the block from U, the sum of phi_q^T dnum1 over later blocks:
-    dphi_k = v1 U^T + triu(v1 dnum1^T) phi_q, dv = phi_k U + triu(phi_k phi_q^T) dnum1,
-    Eq. (14)-(15); returns the block's phi_q^T dnum1."""
+def _dkv(x_q, x_k, v, dout, elu, norms, dk, dv, r, i0, i1, U, u):
+    """dphi_k and dv for the block from (U, u), the sums of phi_q^T dnum and phi_q^T dden over
+    later blocks, Eq. (14)-(15) with the normaliser's gradient:
+        dphi_k_i = U v_i + u + sum_{j >= i} (v_i . dnum_j + dden_j) phi_q_j,
+        dv_i = U^T phi_k_i + sum_{j >= i} (phi_k_i . phi_q_j) dnum_j;
+    then adds the block's phi_q^T dnum and phi_q^T dden to (U, u)."""
     phi_q, phi_k = _load(x_q, r, i0, i1, elu), _load(x_k, r, i0, i1, elu)
-    v1, dnum1_b = _with_column(v, r, i0, i1, 1), _dnum1(dout, norms, r, i0, i1)
-    dk_b = _masked(v1, dnum1_b, phi_q, True)                # Eq. (14), within the block
-    dk_b += v1 @ state.T                                    # and from later blocks
-    dv_b = _masked(phi_k, phi_q, dnum1_b, True)             # Eq. (15)
-    dv_b += phi_k @ state
-    _chain_elu(dk_b, x_k, phi_k, elu, dk[r, i0:i1], r, i0)
-    m = v.shape[2]
+    v_b, dv_b = v[r, i0:i1], dv[r, i0:i1]
+    dnum, dden = _dnum(dout, norms, r, i0, i1)
+    scores = _masked(v_b, dnum, True)                       # v_i . dnum_j, j >= i
     for i in range(i1 - i0):
-        dv[r, i0 + i] = dv_b[i, :m]                         # the ones column has no gradient
-    return phi_q.T @ dnum1_b
+        for j in range(i, i1 - i0):
+            scores[i, j] += dden[j]                         # the normaliser's column
+    dk_b = dk[r, i0:i1]                                     # dphi_k, then dk, in place
+    gemm(v_b, U.T, dk_b, 0)                                 # Eq. (14): later blocks
+    gemm(scores, phi_q, dk_b, 1)                            # and the block's own
+    for i in range(i1 - i0):
+        dk_b[i] += u                                        # the normaliser's, later blocks
+    gemm(phi_k, U, dv_b, 0)                                 # Eq. (15): later blocks
+    gemm(_masked(phi_k, phi_q, True), dnum, dv_b, 1)        # and the block's own
+    _chain_elu(dk_b, x_k, phi_k, elu, r, i0)
+    _accumulate(phi_q, dnum, dden, U, u)
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
@@ -239,29 +254,29 @@ def sweep(stage, x_q, x_k, v, dout, eps, elu, out, norms, dq, dk, dv, block, bou
     first; O(D M + C (C + D + M)) memory per unit, never a state per position.
     """
     rows, n, d = x_q.shape
+    m = v.shape[2]
     reverse = stage == DKV
     blocks, n_segments = -(-n // block), bounds.size - 1
     # the increments before a segment in products of up to ``group`` positions, not C
-    group = max(1, (SINGLE_THREAD_PRODUCT - 1) // (d * (v.shape[2] + 1)))
+    group = max(1, (SINGLE_THREAD_PRODUCT - 1) // max(1, d * m))
     for unit in prange(rows * n_segments):
         r, s = divmod(np.int64(unit), n_segments)    # prange counts unsigned
-        state = np.zeros((d, v.shape[2] + 1), dtype=v.dtype)
+        S, z = np.zeros((d, m), dtype=v.dtype), np.zeros(d, dtype=v.dtype)
         # before the segment: the state only, summed over the positions of bounds[s] blocks
         lo, hi = (blocks - bounds[s]) * block, n
         if not reverse:
             lo, hi = 0, min(n, bounds[s] * block)
         for g0 in range(lo, hi, group):
-            state += _increment(stage, x_q, x_k, v, dout, norms, r, g0, min(hi, g0 + group),
-                                elu)
+            _increment(stage, x_q, x_k, v, dout, norms, r, g0, min(hi, g0 + group), elu, S, z)
         for t in range(bounds[s], bounds[s + 1]):   # the segment's blocks in scan order
             blk = blocks - 1 - t if reverse else t
             i0, i1 = blk * block, min(n, (blk + 1) * block)
             if stage == FORWARD:
-                state += _forward(x_q, x_k, v, eps, elu, out, r, i0, i1, state)
+                _forward(x_q, x_k, v, eps, elu, out, r, i0, i1, S, z)
             elif stage == DQ:
-                state += _dq(x_q, x_k, v, dout, eps, elu, norms, dq, r, i0, i1, state)
+                _dq(x_q, x_k, v, dout, eps, elu, norms, dq, r, i0, i1, S, z)
             else:
-                state += _dkv(x_q, x_k, v, dout, elu, norms, dk, dv, r, i0, i1, state)
+                _dkv(x_q, x_k, v, dout, elu, norms, dk, dv, r, i0, i1, S, z)
 
 
 def _sweeps(x_q, x_k, v, chunk_size):
@@ -295,7 +310,7 @@ def attend_backward(dout, phi_q, phi_k, v, *, causal, eps,
     """Backward of ``attend``: (dphi_q, dphi_k, dv), or (dq, dk, dv) with ``elu``, by two
     sweeps (Eq. 13-15 and the normaliser's gradient; see the module).
 
-    Cost: about 2.7 forwards' flops at C = 32, D = M = 64; O(N (F + M)) memory: the
+    Cost: about 2.6 forwards' flops at C = 16, D = M = 64; O(N (F + M)) memory: the
     gradients and (den, dden) (N, 2).
     """
     if not causal:
