@@ -1,7 +1,9 @@
 """``python -m linattn.bench --quick``: runs, writes its files, and reports every target."""
 import json
+import time
 
 from linattn.__main__ import main
+from linattn.bench import timing
 
 
 def test_quick_bench_writes_results(tmp_path, capsys):
@@ -17,7 +19,24 @@ def test_quick_bench_writes_results(tmp_path, capsys):
     assert memory["causal numba", 1024] < 9 * memory["causal numba", 128]
     assert memory["softmax numpy", 1024] > 20 * memory["softmax numpy", 128]
     assert len(results["targets"]) == 8
+    threads = results["threads"]             # threadpoolctl is a dev extra: the yardstick ran
+    assert all(threads[k] > 0 for k in ("all_s", "one_s", "blas_all_s", "blas_one_s"))
     for name in ("bench_scaling.csv", "bench_generation.csv", "bench_crossover.csv",
                  "bench.txt"):
         assert (tmp_path / name).stat().st_size > 0
     assert "targets" in capsys.readouterr().out
+
+
+def test_interleaved_takes_calls_in_turn_and_drops_the_warm_up_round():
+    log = []
+    slow_once = iter([0.05])                 # only the first call of "a" is slow
+
+    def call(name):
+        log.append(name)
+        time.sleep(next(slow_once, 0.0) if name == "a" else 0.0)
+
+    calls = {name: (lambda n=name: log.append("set " + n), lambda n=name: call(n))
+             for name in ("a", "b")}
+    best = timing.interleaved(calls, rounds=3)
+    assert log == ["set a", "a", "set b", "b"] * 4
+    assert set(best) == {"a", "b"} and best["a"] < 0.05

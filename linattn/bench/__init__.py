@@ -68,22 +68,30 @@ def parse(argv):
 
 
 def threads(cfg):
-    """Best causal forward time at heads = 1 on every Numba thread and on one: the split of
-    the sequence into segments between workers. At least 20 repeats: a call takes about a
-    millisecond, and the first calls after ``settle`` wake the sleeping threads."""
+    """Best causal forward time at heads = 1 on every Numba thread and on one (the split of
+    the sequence into segments between workers), and, as the yardstick, the same for NumPy's
+    float32 matrix product of about the same cost. The four calls alternate, so that a busy
+    neighbour on a shared machine slows each alike; at least 20 rounds, the first discarded
+    (it wakes the sleeping threads)."""
     import numba
     q, k, v, _ = cases.inputs(cfg.batch, 1, cfg.target_n, cfg.dim, cfg.value_dim, cfg.dtype)
     forward = cases.CASES["causal numba"][0]
     all_threads = numba.get_num_threads()
+    calls = {"all_s": (lambda: numba.set_num_threads(all_threads), lambda: forward(q, k, v)),
+             "one_s": (lambda: numba.set_num_threads(1), lambda: forward(q, k, v))}
+    blas = timing.blas_limiter()
+    if blas is not None:
+        a = np.ones((512, 512), np.float32)
+        calls["blas_all_s"] = (lambda: blas(None), lambda: a @ a)
+        calls["blas_one_s"] = (lambda: blas(1), lambda: a @ a)
     timing.settle(cfg.pause)
-    repeats = max(cfg.repeats, 20)
-    all_s = timing.seconds(lambda: forward(q, k, v), repeats)[1]
-    numba.set_num_threads(1)
     try:
-        one_s = timing.seconds(lambda: forward(q, k, v), repeats)[1]
+        best = timing.interleaved(calls, max(cfg.repeats, 20))
     finally:
         numba.set_num_threads(all_threads)
-    return {"threads": all_threads, "all_s": all_s, "one_s": one_s}
+        if blas is not None:
+            blas(None)
+    return {"threads": all_threads, "blas_all_s": None, "blas_one_s": None, **best}
 
 
 def peers(cfg):

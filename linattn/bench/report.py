@@ -91,6 +91,11 @@ def text(results):
     parts.append(_table(["target", "measured", "goal", "met"],
                         [(t, _fmt(v), g, "-" if ok is None else ("yes" if ok else "NO"))
                          for t, v, g, ok in results["targets"]]))
+    threads = results["threads"]
+    blas = _ratio(threads["blas_one_s"], threads["blas_all_s"])
+    if blas is not None:
+        parts.append(f"(the yardstick, in turn with the heads=1 calls: NumPy's float32 "
+                     f"matmul, {threads['threads']} threads / 1 thread = {blas:.2f})")
     rows = results["scaling"] + (results.get("peers") or {}).get("scaling", [])
     cases = list(dict.fromkeys(r["case"] for r in rows))
     ns = sorted({r["n"] for r in rows})

@@ -4,6 +4,8 @@
 - ``seconds``: median and best wall time of a call, after warm-up calls (compilation,
   caches). Tables show medians; the targets compare best times, which other processes on a
   shared machine disturb least.
+- ``interleaved``: best times of several calls taken in turn, for ratios that a shared
+  machine's load would otherwise tilt; ``blas_limiter`` sets NumPy's BLAS threads for it.
 - ``peak_bytes``: the largest amount of NumPy memory a call holds beyond what existed
   before it (``tracemalloc`` sees every NumPy array, including those the kernels write
   into; the few small buffers Numba allocates inside a compiled loop are not counted).
@@ -26,6 +28,35 @@ def seconds(f, repeats=5, warmup=1):
         f()
     times = [_time_once(f) for _ in range(repeats)]
     return float(np.median(times)), min(times)
+
+
+def interleaved(calls, rounds):
+    """{name: best wall time} of each ``(setup, call)`` in ``calls`` (a dict), the calls
+    taken in turn for ``rounds`` rounds after one warm-up round; ``setup()`` runs before each
+    call, untimed."""
+    best = dict.fromkeys(calls, float("inf"))
+    for r in range(rounds + 1):
+        for name, (setup, call) in calls.items():
+            setup()
+            elapsed = _time_once(call)
+            if r:
+                best[name] = min(best[name], elapsed)
+    return best
+
+
+def blas_limiter():
+    """``set(n)``: NumPy's BLAS on ``n`` threads, ``set(None)`` on as many as it had; None
+    when threadpoolctl is not installed."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return None
+    blas = ThreadpoolController().select(user_api="blas")
+    most = max((lib["num_threads"] for lib in blas.info()), default=1)
+
+    def limit(n):
+        blas.limit(limits=n or most)
+    return limit
 
 
 def settle(seconds):
