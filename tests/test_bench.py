@@ -2,6 +2,8 @@
 import json
 import time
 
+import pytest
+
 from linattn.__main__ import main
 from linattn.bench import timing
 
@@ -19,6 +21,10 @@ def test_quick_bench_writes_results(tmp_path, capsys):
     assert memory["causal numba", 1024] < 9 * memory["causal numba", 128]
     assert memory["softmax numpy", 1024] > 20 * memory["softmax numpy", 128]
     assert len(results["targets"]) == 8
+    assert len(results["head_to_head"]) == 2                 # --quick's rounds, no peers
+    for r in results["head_to_head"]:
+        assert min(r["ceiling_gflops"], r["forward_s"], r["forward_backward_s"],
+                   r["step_s"]) > 0 and r["pft_step_s"] is None
     threads = results["threads"]             # threadpoolctl is a dev extra: the yardstick ran
     assert all(threads[k] > 0 for k in ("all_s", "one_s", "blas_all_s", "blas_one_s"))
     for name in ("bench_scaling.csv", "bench_generation.csv", "bench_crossover.csv",
@@ -27,7 +33,12 @@ def test_quick_bench_writes_results(tmp_path, capsys):
     assert "targets" in capsys.readouterr().out
 
 
-def test_interleaved_takes_calls_in_turn_and_drops_the_warm_up_round():
+def test_bench_rejects_no_rounds():
+    with pytest.raises(SystemExit):
+        main(["bench", "--rounds", "0"])
+
+
+def test_interleaved_takes_calls_in_turn_each_after_an_untimed_one():
     log = []
     slow_once = iter([0.05])                 # only the first call of "a" is slow
 
@@ -38,5 +49,5 @@ def test_interleaved_takes_calls_in_turn_and_drops_the_warm_up_round():
     calls = {name: (lambda n=name: log.append("set " + n), lambda n=name: call(n))
              for name in ("a", "b")}
     best = timing.interleaved(calls, rounds=3)
-    assert log == ["set a", "a", "set b", "b"] * 4
+    assert log == ["set a", "a", "a", "set b", "b", "b"] * 3
     assert set(best) == {"a", "b"} and best["a"] < 0.05

@@ -14,6 +14,9 @@ arXiv:2006.16236, sections 3.3-3.4 and Fig. 1). One run measures:
   cache and recomputing the prefix;
 - peers, when an interpreter with torch is given (``--peer-python``): PyTorch's softmax
   attention and pytorch-fast-transformers, run by ``peers`` in a subprocess;
+- head to head: the targets' ratios again, in rounds that take each side in turn
+  (``head_to_head``), since the tables' cases lie minutes apart on a machine whose load
+  comes and goes;
 - the issue's targets, computed from the above.
 
 Writes ``bench.json`` (machine, configuration, every number), ``bench_*.csv`` and a readable
@@ -44,6 +47,7 @@ def parse(argv):
     p.add_argument("--cross-n", type=int, default=4096, help="N of the crossover")
     p.add_argument("--gen-positions", type=int, default=16384)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=7, help="rounds of the head-to-head (>= 1)")
     p.add_argument("--budget", type=float, default=30.0,
                    help="seconds; a case stops growing N past one fwd+bwd this slow")
     p.add_argument("--pause", type=float, default=0.25,
@@ -57,9 +61,12 @@ def parse(argv):
     p.add_argument("--no-peers", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     cfg = p.parse_args(argv)
+    if cfg.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {cfg.rounds}")
     if cfg.quick:
         cfg.max_n, cfg.target_n, cfg.cross_n = 1024, 1024, 512
         cfg.gen_positions, cfg.repeats, cfg.budget, cfg.pause = 1024, 2, 1.0, 0.01
+        cfg.rounds = 2
         cfg.widths = [w for w in cfg.widths if w <= 64]
     cfg.ns = [2**j for j in range(7, cfg.max_n.bit_length()) if 2**j <= cfg.max_n]
     if cfg.target_n not in cfg.ns:
@@ -71,8 +78,8 @@ def threads(cfg):
     """Best causal forward time at heads = 1 on every Numba thread and on one (the split of
     the sequence into segments between workers), and, as the yardstick, the same for NumPy's
     float32 matrix product of about the same cost. The four calls alternate, so that a busy
-    neighbour on a shared machine slows each alike; at least 20 rounds, the first discarded
-    (it wakes the sleeping threads)."""
+    neighbour on a shared machine slows each alike, in 20 rounds or more, each after a pause
+    that lets the BLAS threads of the round before stop spinning."""
     import numba
     q, k, v, _ = cases.inputs(cfg.batch, 1, cfg.target_n, cfg.dim, cfg.value_dim, cfg.dtype)
     forward = cases.CASES["causal numba"][0]
@@ -84,9 +91,8 @@ def threads(cfg):
         a = np.ones((512, 512), np.float32)
         calls["blas_all_s"] = (lambda: blas(None), lambda: a @ a)
         calls["blas_one_s"] = (lambda: blas(1), lambda: a @ a)
-    timing.settle(cfg.pause)
     try:
-        best = timing.interleaved(calls, max(cfg.repeats, 20))
+        best = timing.interleaved(calls, max(cfg.repeats, 20), cfg.pause)
     finally:
         numba.set_num_threads(all_threads)
         if blas is not None:
@@ -94,26 +100,62 @@ def threads(cfg):
     return {"threads": all_threads, "blas_all_s": None, "blas_one_s": None, **best}
 
 
+def head_to_head(cfg, progress):
+    """The targets' ratios measured in ``cfg.rounds`` rounds; each round takes in turn
+    linattn's causal forward and forward + backward at ``cfg.target_n`` (best of
+    ``cfg.repeats``), the median seconds per token of 1024 RNN steps, the same two of pft
+    (one ``peers.py`` subprocess, None without it) and the matmul ceiling. A load that comes
+    and goes over seconds to minutes then weighs on both sides of each round's ratios alike;
+    the targets take their median over the rounds."""
+    q, k, v, dout = cases.inputs(cfg.batch, cfg.heads, cfg.target_n, cfg.dim, cfg.value_dim,
+                                 cfg.dtype)
+    forward, backward = cases.CASES["causal numba"]
+    tokens = cases.tokens(*cases.inputs(1, cfg.heads, 1024, cfg.dim, cfg.value_dim,
+                                        cfg.dtype, seed=1)[:3])
+    config = {"head_to_head": True, "n": cfg.target_n, "steps": len(tokens[0])}
+    rounds = []
+    for r in range(cfg.rounds):
+        progress.step(f"head to head, round {r + 1}")
+        timing.settle(cfg.pause)
+        row = {"forward_s": timing.seconds(lambda: forward(q, k, v), cfg.repeats)[1],
+               "forward_backward_s": timing.seconds(
+                   lambda: (forward(q, k, v), backward(q, k, v, dout)), cfg.repeats)[1],
+               "step_s": float(np.median(cases.step_seconds(*tokens)))}
+        peer = _peers(cfg, config)[0] or {"forward_backward_s": None, "step_s": None}
+        row.update({"pft_" + key: value for key, value in peer.items()})
+        row["ceiling_gflops"] = timing.matmul_gflops(repeats=3)  # last: its threads spin on
+        rounds.append(row)
+    return rounds
+
+
 def peers(cfg):
-    """The peers' measurements from ``peers.py`` run by ``cfg.peer_python``, or (None, why)."""
+    """The peers at every N and the generation, from ``peers.py`` run by
+    ``cfg.peer_python``: (result, note), or (None, why)."""
+    result, note = _peers(cfg, {"ns": cfg.ns, "max_linear_n": cfg.max_n,
+                                "budget": cfg.budget, "gen_positions": cfg.gen_positions})
+    if result is None:
+        return None, note
+    note = f"torch {result['torch']} ({result['threads']} threads)"
+    if not result["fast_transformers"]:
+        note += ", pytorch-fast-transformers not installed"
+    return result, note
+
+
+def _peers(cfg, config):
+    """(``peers.py``'s JSON answer to ``config`` plus the shared sizes, None) or (None,
+    why not)."""
     if cfg.no_peers:
         return None, "skipped (--no-peers)"
     probe = subprocess.run([cfg.peer_python, "-c", "import torch"], capture_output=True)
     if probe.returncode != 0:
         return None, f"skipped: no torch in {cfg.peer_python} (see --peer-python)"
-    config = {"ns": cfg.ns, "batch": cfg.batch, "heads": cfg.heads, "dim": cfg.dim,
-              "value_dim": cfg.value_dim, "eps": 1e-6, "repeats": cfg.repeats,
-              "budget": cfg.budget, "max_linear_n": cfg.max_n,
-              "gen_positions": cfg.gen_positions}
+    config = {"batch": cfg.batch, "heads": cfg.heads, "dim": cfg.dim,
+              "value_dim": cfg.value_dim, "eps": 1e-6, "repeats": cfg.repeats, **config}
     run = subprocess.run([cfg.peer_python, os.path.join(os.path.dirname(__file__), "peers.py"),
                           json.dumps(config)], capture_output=True, text=True)
     if run.returncode != 0:
         return None, f"failed: {run.stderr.strip().splitlines()[-1:]}"
-    result = json.loads(run.stdout)
-    note = f"torch {result['torch']} ({result['threads']} threads)"
-    if not result["fast_transformers"]:
-        note += ", pytorch-fast-transformers not installed"
-    return result, note
+    return json.loads(run.stdout), None
 
 
 def main(argv=None):
@@ -123,7 +165,7 @@ def main(argv=None):
     cfg.dtype = dtype.name
     widths = cfg.widths
     total = (len(cfg.ns) * len(cfg.cases) + len(cases.CROSSOVER) * len(widths)
-             * len({1, cfg.heads}) + 3 + cfg.gen_positions.bit_length())
+             * len({1, cfg.heads}) + 3 + cfg.gen_positions.bit_length() + cfg.rounds)
     progress = timing.Progress(total, quiet=cfg.no_progress)
     results = {"machine": timing.machine(), "ceiling_gflops": timing.matmul_gflops(),
                "config": vars(cfg)}
@@ -134,6 +176,7 @@ def main(argv=None):
     results["generation"], results["generation_summary"] = cases.generation(cfg, progress)
     progress.step("peers")
     results["peers"], results["peers_note"] = peers(cfg)
+    results["head_to_head"] = head_to_head(cfg, progress)
     progress.close()
     results["targets"] = report.targets(results)
     with open(os.path.join(cfg.out, "bench.json"), "w") as f:

@@ -37,7 +37,7 @@ CASES = {
     "causal numpy chunked": _linear(True, "chunked", "numpy"),
     "causal numba loops": _linear(True, "linear", "numba"),
     "causal numba chunked": _linear(True, "chunked", "numba"),
-    "causal numba": _linear(True, "auto", "numba"),       # the default: the loops
+    "causal numba": _linear(True, "auto", "numba"),       # the default: the blocks
 }
 SCALING = tuple(name for name in CASES if name != "non-causal numba loops")
 CROSSOVER = ("causal numba loops", "causal numba chunked", "non-causal numba loops",
@@ -124,24 +124,36 @@ def crossover(cfg, progress, widths=(16, 32, 64, 128, 256)):
     return rows
 
 
+def tokens(q, k, v):
+    """(1, heads, n, .) inputs as n tokens (n, 1, heads, .): one contiguous (1, heads, .)
+    array a token, as a model's projections make them (and as the peer's step is timed),
+    not rows strided across the whole sequence."""
+    return tuple(np.ascontiguousarray(np.moveaxis(x, 2, 0)) for x in (q, k, v))
+
+
+def step_seconds(q_t, k_t, v_t, state=None):
+    """Seconds of each ``linear_attention_step`` scanning the tokens from ``state``."""
+    per_token = np.empty(len(q_t))
+    for t in range(len(q_t)):
+        start = time.perf_counter()
+        _, state = linear_attention_step(q_t[t], k_t[t], v_t[t], state)
+        per_token[t] = time.perf_counter() - start
+    return per_token
+
+
 def generation(cfg, progress):
     """Seconds per generated token against position, for 8-head attention of one sequence:
     the RNN step (every position), softmax with a key/value cache and recomputing causal
-    linear attention over the whole prefix (at positions 2^j)."""
+    linear attention over the whole prefix (at positions 2^j); and, for the flatness target,
+    the first and the last 1024 steps taken again in turn (``_first_and_last``)."""
     n = cfg.gen_positions
     q, k, v, _ = inputs(1, cfg.heads, n, cfg.dim, cfg.value_dim, cfg.dtype, seed=1)
-    # each token's (1, heads, D) contiguous, as a model's projections make them (and as
-    # the peer's step is timed), not 3 x heads rows strided across the whole sequence
-    q_t, k_t, v_t = (np.ascontiguousarray(np.moveaxis(x, 2, 0)) for x in (q, k, v))
+    q_t, k_t, v_t = tokens(q, k, v)
     rows = []
     progress.step(f"generation: RNN step x {n}")
     linear_attention_step(q_t[0], k_t[0], v_t[0])                 # warm-up: load the kernel
     timing.settle(cfg.pause)
-    state, per_token = None, np.empty(n)
-    for t in range(n):
-        start = time.perf_counter()
-        _, state = linear_attention_step(q_t[t], k_t[t], v_t[t], state)
-        per_token[t] = time.perf_counter() - start
+    per_token = step_seconds(q_t, k_t, v_t)
     for t in _positions(n):
         window = per_token[max(0, t - max(1, t // 8)):t]  # the tokens just before position t
         rows.append({"case": "rnn step", "position": t, "seconds_per_token":
@@ -155,10 +167,29 @@ def generation(cfg, progress):
         f = functools.partial(linear_attention, *prefix, causal=True)
         rows.append({"case": "recompute prefix numba", "position": t,
                      "seconds_per_token": timing.seconds(f, cfg.repeats)[0]})
+    first, last = _first_and_last(q_t, k_t, v_t, min(1024, n))
     summary = {"median_s": float(np.median(per_token)),
-               "first_1024_median_s": float(np.median(per_token[:1024])),
-               "last_1024_median_s": float(np.median(per_token[-1024:]))}
+               "first_1024_median_s": float(np.median(first)),
+               "last_1024_median_s": float(np.median(last))}
     return rows, summary
+
+
+def _first_and_last(q_t, k_t, v_t, w):
+    """Seconds per step of the first ``w`` tokens and of the last ``w``, the two scans
+    stepped in turn (the last from the state the tokens before them leave), so that a
+    passing load weighs on both alike."""
+    late = None
+    for t in range(len(q_t) - w):                             # the state before the last w
+        _, late = linear_attention_step(q_t[t], k_t[t], v_t[t], late)
+    starts, states = (0, len(q_t) - w), [None, late]
+    seconds = np.empty((2, w))
+    for i in range(w):
+        for j, start in enumerate(starts):
+            t = start + i
+            begin = time.perf_counter()
+            _, states[j] = linear_attention_step(q_t[t], k_t[t], v_t[t], states[j])
+            seconds[j, i] = time.perf_counter() - begin
+    return seconds
 
 
 def softmax_cache_step(q_t, k_cache, v_cache):

@@ -4,7 +4,9 @@ and the recurrent step), timed like linattn in ``timing``, float32.
 
 Run as a script by ``python -m linattn.bench`` with an interpreter that has torch
 (``--peer-python``), since the peers are an optional extra; it reads one JSON configuration
-argument and prints one JSON object. It never imports linattn, and linattn never imports it.
+argument and prints one JSON object: every case at every N (``main``), or, for one round of
+the benchmark's head-to-head, pft's causal forward + backward and step (``head_to_head``).
+It never imports linattn, and linattn never imports it.
 """
 import json
 import sys
@@ -93,6 +95,19 @@ def generation(torch, h, d, m, positions):
     return per_token
 
 
+def head_to_head(torch, config):
+    """Best seconds of pft's causal forward + backward at N = ``config["n"]``, and the median
+    seconds per token of its step over ``config["steps"]`` tokens; None without pft."""
+    table = cases(torch, config["batch"], config["heads"], config["n"], config["dim"],
+                  config["value_dim"], config["eps"])
+    if "pft causal linear" not in table:
+        return {"forward_backward_s": None, "step_s": None}
+    best = seconds(table["pft causal linear"][1], config["repeats"])[1]
+    per_token = generation(torch, config["heads"], config["dim"], config["value_dim"],
+                           config["steps"])                        # on one thread: after
+    return {"forward_backward_s": best, "step_s": float(np.median(per_token))}
+
+
 def main(config):
     import torch
     result = {"torch": torch.__version__, "threads": torch.get_num_threads(), "scaling": [],
@@ -125,4 +140,9 @@ def main(config):
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(json.loads(sys.argv[1]))))
+    config = json.loads(sys.argv[1])
+    if config.get("head_to_head"):
+        import torch
+        print(json.dumps(head_to_head(torch, config)))
+    else:
+        print(json.dumps(main(config)))

@@ -30,17 +30,17 @@ def seconds(f, repeats=5, warmup=1):
     return float(np.median(times)), min(times)
 
 
-def interleaved(calls, rounds):
+def interleaved(calls, rounds, pause=0.0):
     """{name: best wall time} of each ``(setup, call)`` in ``calls`` (a dict), the calls
-    taken in turn for ``rounds`` rounds after one warm-up round; ``setup()`` runs before each
-    call, untimed."""
+    taken in turn for ``rounds`` rounds, each round after ``settle(pause)``; before each
+    timed call, ``setup()`` and one untimed call (it wakes the threads the call needs)."""
     best = dict.fromkeys(calls, float("inf"))
-    for r in range(rounds + 1):
+    for _ in range(rounds):
+        settle(pause)
         for name, (setup, call) in calls.items():
             setup()
-            elapsed = _time_once(call)
-            if r:
-                best[name] = min(best[name], elapsed)
+            call()
+            best[name] = min(best[name], _time_once(call))
     return best
 
 
