@@ -145,7 +145,7 @@ def benchmark_rows(out_dir, quick=False):
     args = ["--out", str(out_dir), "--no-peers", "--widths", "64", "--cases",
             *(c for c in BENCH_NAMES if c in bench.cases.CASES)]
     args += ["--quick"] if quick else ["--max-n", "16384", "--budget", "5", "--repeats", "3",
-                                       "--gen-positions", "4096"]
+                                       "--gen-positions", "4096", "--rounds", "3"]
     bench.main(args)
     with open(os.path.join(out_dir, "bench.json")) as f:
         results = json.load(f)
