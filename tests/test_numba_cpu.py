@@ -135,45 +135,49 @@ def test_gemm_edge_cases():
         blas.gemm(np.ones((2, 3)), np.ones((4, 4)), np.ones((2, 4)), 0)
 
 
-def run_sweeps(lead, n, width, chunk_size, fused):
+def run_sweeps(lead, n, width, chunk_size, fused, causal=True):
     """(out, dq, dk, dv) of chunked.attend(_backward) on elu+1 features, or fused."""
     q, k, v = random_qkv(11, n, width, width + 3, lead)
     dout = np.random.default_rng(12).standard_normal(v.shape)
     if not fused:
         q, k = EluPlusOne().forward(q), EluPlusOne().forward(k)
-    kw = dict(causal=True, eps=1e-6, chunk_size=chunk_size, elu=fused)
+    kw = dict(causal=causal, eps=1e-6, chunk_size=chunk_size, elu=fused)
     return (chunked.attend(q, k, v, **kw), *chunked.attend_backward(dout, q, k, v, **kw))
 
 
 @pytest.mark.parametrize("lead, n, width, chunk_size", [
     ((), 1, 64, 32), ((), 130, 64, 32), ((), 400, 64, 32), ((3,), 97, 64, 64),
     ((2, 4), 70, 40, 16)])
-def test_blocks_at_real_widths_match_the_oracle(lead, n, width, chunk_size):
+@pytest.mark.parametrize("causal", [True, False])
+def test_blocks_at_real_widths_match_the_oracle(lead, n, width, chunk_size, causal):
     # widths where BLAS runs its real kernels (the property tests use 1-8), N not a
     # multiple of the block, one row (two segments on two threads, at N = 400 summing the
     # positions before the second in products of 120) and many
     q, k, v = random_qkv(11, n, width, width + 3, lead)
     dout = np.random.default_rng(12).standard_normal(v.shape)
-    kw = dict(causal=True, chunk_size=chunk_size)
+    kw = dict(causal=causal, chunk_size=chunk_size)
     want = [linear_attention(q, k, v, method="quadratic", backend="numpy", **kw),
             *linear_attention_backward(dout, q, k, v, method="quadratic", backend="numpy",
                                        **kw)]
-    got = run_sweeps(lead, n, width, chunk_size, fused=True)
+    got = run_sweeps(lead, n, width, chunk_size, fused=True, causal=causal)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("n_segments", [2, 3, 7])
-def test_segments_change_nothing(n_segments, monkeypatch):
+@pytest.mark.parametrize("causal", [True, False])
+def test_segments_change_nothing(n_segments, causal, monkeypatch):
     # cut into segments, each starting from the sum of the segments before (or after, for
-    # the backward-in-time sweep): the same numbers as one unit per row
+    # the backward-in-time sweep; of the whole row if not causal): the same numbers as one
+    # unit per row
     def equal(n_segments):
-        return lambda rows, blocks: np.linspace(0, blocks, n_segments + 1).round().astype(int)
+        return lambda rows, blocks, causal: np.linspace(0, blocks, n_segments + 1).round(
+        ).astype(int)
 
     monkeypatch.setattr(chunked, "segments", equal(1))
-    want = run_sweeps((2,), 150, 24, 16, fused=False)
+    want = run_sweeps((2,), 150, 24, 16, fused=False, causal=causal)
     monkeypatch.setattr(chunked, "segments", equal(n_segments))
-    got = run_sweeps((2,), 150, 24, 16, fused=False)
+    got = run_sweeps((2,), 150, 24, 16, fused=False, causal=causal)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-13)
 
@@ -189,6 +193,8 @@ def test_segments_share_the_work_evenly(rows):
     assert work.max() - work.min() <= 1
     if bounds.size == 3:                                    # b_1 = w b_1 + (128 - b_1)
         assert bounds[1] == round(128 / (2 - w))
+    flat = chunked.segments(rows, 128, causal=False)        # each sums the whole row first
+    assert flat.size == bounds.size and np.ptp(np.diff(flat)) <= 1
 
 
 def test_block_length_keeps_every_product_on_one_blas_thread():
@@ -214,8 +220,10 @@ def test_float32_stays_float32_inside_the_loops():
     assert not float64_in_ir(products.global_product, x, x, x, eps, out, den, 1)
     norms = np.empty((2, 5, 2), np.float32)
     for stage in (chunked.FORWARD, chunked.DQ, chunked.DKV):
-        assert not float64_in_ir(chunked.sweep, stage, x, x, x, x, eps, True, out, norms,
-                                 x.copy(), x.copy(), x.copy(), 2, np.array([0, 2, 3]))
+        for causal in (True, False):
+            assert not float64_in_ir(chunked.sweep, stage, causal, x, x, x, x, eps, True, out,
+                                     norms, x.copy(), x.copy(), x.copy(), 2,
+                                     np.array([0, 2, 3]))
     flat = x.reshape(-1)
     assert not float64_in_ir(elu.phi_into, flat, flat.copy())
     assert not float64_in_ir(elu._times_dphi_, flat, flat.copy())

@@ -110,9 +110,9 @@ def head_to_head(cfg, progress):
     q, k, v, dout = cases.inputs(cfg.batch, cfg.heads, cfg.target_n, cfg.dim, cfg.value_dim,
                                  cfg.dtype)
     forward, backward = cases.CASES["causal numba"]
-    tokens = cases.tokens(*cases.inputs(1, cfg.heads, 1024, cfg.dim, cfg.value_dim,
-                                        cfg.dtype, seed=1)[:3])
-    config = {"head_to_head": True, "n": cfg.target_n, "steps": len(tokens[0])}
+    steps = cases.tokens(*cases.inputs(1, cfg.heads, 1024, cfg.dim, cfg.value_dim,
+                                       cfg.dtype, seed=1)[:3])
+    config = {"head_to_head": True, "n": cfg.target_n, "steps": len(steps[0])}
     rounds = []
     for r in range(cfg.rounds):
         progress.step(f"head to head, round {r + 1}")
@@ -120,7 +120,7 @@ def head_to_head(cfg, progress):
         row = {"forward_s": timing.seconds(lambda: forward(q, k, v), cfg.repeats)[1],
                "forward_backward_s": timing.seconds(
                    lambda: (forward(q, k, v), backward(q, k, v, dout)), cfg.repeats)[1],
-               "step_s": float(np.median(cases.step_seconds(*tokens)))}
+               "step_s": float(np.median(cases.step_seconds(*steps)))}
         peer = _peers(cfg, config)[0] or {"forward_backward_s": None, "step_s": None}
         row.update({"pft_" + key: value for key, value in peer.items()})
         row["ceiling_gflops"] = timing.matmul_gflops(repeats=3)  # last: its threads spin on

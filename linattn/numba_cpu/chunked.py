@@ -26,8 +26,11 @@ in cache. When the rows (batch x heads) do not share out evenly over the threads
 is cut into segments, and each segment's unit first sums the increments of the positions
 before it (phi_k^T v in the longest products BLAS keeps on one thread, no readout), so units
 never wait for one another.
-Non-causal attention is S = phi_k^T [v, 1] and out = phi_q S: NumPy's own form
-(``forms.cumulative``) already runs it as two matrix products on all of BLAS's threads.
+Non-causal attention, Eq. (5)-(6), takes the same sweeps with every block reading the
+state of the whole row: out = phi_q S / (phi_q z + eps), and in the backward
+dphi_q = g / den + dden z with g = dout S^T, then dphi_k = v U^T + u and dv = phi_k U with
+(U, u) summed over the row. Each unit sums the whole row's state itself, so the segments of a
+row are equal.
 Oracle: ``forms.quadratic``; ``loops`` computes the same sums without blocks.
 """
 import math
@@ -36,7 +39,6 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ..forms import cumulative
 from . import elu as elu_map
 from .blas import gemm
 from .normaliser import rows as as_rows
@@ -65,10 +67,11 @@ def block_length(chunk_size, d, m):
     return c
 
 
-def segments(rows, blocks):
+def segments(rows, blocks, causal=True):
     """Where each row's segments start, in blocks counted in scan order, and end:
     ``bounds[s]:bounds[s + 1]`` for s < S. S is 1 when the rows share out evenly over the
     threads (8 rows on 2 threads), else enough for equal shares (2 at 1 row on 2 threads).
+    Not ``causal``, every segment sums the whole row first: equal lengths.
 
     Segment s first sums the increments of the b_s blocks before it (cost w each, w = 0.3 of
     a block's full work), then walks its own L_s blocks. Equal work W = w b_s + L_s for every
@@ -77,6 +80,9 @@ def segments(rows, blocks):
     """
     threads = numba.get_num_threads()
     n_segments = threads // math.gcd(rows, threads)
+    if not causal:
+        return np.array([blocks * s // n_segments for s in range(n_segments + 1)],
+                        dtype=np.int64)
     w = INCREMENT_COST
     work = blocks * w / (1 - (1 - w) ** n_segments)
     bounds = [0]
@@ -174,6 +180,18 @@ def _chain_elu(grad, x, phi_b, elu, r, i0):
 
 
 @njit(cache=True, error_model="numpy")
+def _global_forward(x_q, eps, elu, out, r, i0, i1, S, z):
+    """Non-causal out for the block from (S, z) summed over the whole row, Eq. (5)-(6):
+    out_i = phi_q_i^T S / (phi_q_i . z + eps)."""
+    phi_q, out_b = _load(x_q, r, i0, i1, elu), out[r, i0:i1]
+    gemm(phi_q, S, out_b, 0)
+    for i in range(i1 - i0):
+        den = _dot(phi_q[i], z) + eps
+        for j in range(out_b.shape[1]):
+            out_b[i, j] /= den
+
+
+@njit(cache=True, error_model="numpy")
 def _forward(x_q, x_k, v, eps, elu, out, r, i0, i1, S, z):
     """out for the block from the state (S, z) entering it, Eq. (9)-(12), and the state
     after it: out_i = (phi_q_i^T S + sum_{j <= i} (phi_q_i . phi_k_j) v_j) / den_i with
@@ -206,15 +224,33 @@ def _dq(x_q, x_k, v, dout, eps, elu, norms, dq, r, i0, i1, S, z):
     g = dq[r, i0:i1]                                        # dphi_q, then dq, in place
     gemm(dout_b, S.T, g, 0)                                 # earlier blocks': (C, D)
     gemm(_masked(dout_b, v_b, False), phi_k, g, 1)          # and the block's own keys
-    for i in range(i1 - i0):
-        z += phi_k[i]                                       # z_i, Eq. (18)
+    _dq_rows(phi_q, phi_k, True, g, z, eps, norms, r, i0)
+    _chain_elu(g, x_q, phi_q, elu, r, i0)
+    gemm(phi_k.T, v_b, S, 1)                                # z is already summed
+
+
+@njit(cache=True, error_model="numpy")
+def _global_dq(x_q, dout, eps, elu, norms, dq, r, i0, i1, S, z):
+    """Non-causal dphi_q for the block and its (den, dden), as ``_dq`` with (S, z) summed
+    over the whole row: g_i = S dout_i, no block of its own."""
+    phi_q, g = _load(x_q, r, i0, i1, elu), dq[r, i0:i1]
+    gemm(dout[r, i0:i1], S.T, g, 0)
+    _dq_rows(phi_q, phi_q, False, g, z, eps, norms, r, i0)
+    _chain_elu(g, x_q, phi_q, elu, r, i0)
+
+
+@njit(cache=True, error_model="numpy")
+def _dq_rows(phi_q, phi_k, running, g, z, eps, norms, r, i0):
+    """Each position i of the block, g_i = S_i dout_i given: den_i, dden_i into ``norms``
+    and g_i <- dphi_q_i; with ``running``, z += phi_k_i first (z_i, Eq. 18)."""
+    for i in range(g.shape[0]):
+        if running:
+            z += phi_k[i]
         den = _dot(phi_q[i], z) + eps                       # Eq. (12)
         dden = -_dot(phi_q[i], g[i]) / (den * den)          # the normaliser's gradient
         norms[r, i0 + i, 0], norms[r, i0 + i, 1] = den, dden
         for f in range(z.size):
             g[i, f] = g[i, f] / den + dden * z[f]           # dphi_q_i, Eq. (13)
-    _chain_elu(g, x_q, phi_q, elu, r, i0)
-    gemm(phi_k.T, v_b, S, 1)                                # z is already summed
 
 
 @njit(cache=True, error_model="numpy")
@@ -232,21 +268,37 @@ def _dkv(x_q, x_k, v, dout, elu, norms, dk, dv, r, i0, i1, U, u):
         for j in range(i, i1 - i0):
             scores[i, j] += dden[j]                         # the normaliser's column
     dk_b = dk[r, i0:i1]                                     # dphi_k, then dk, in place
-    gemm(v_b, U.T, dk_b, 0)                                 # Eq. (14): later blocks
+    _from_state(phi_k, v_b, U, u, dk_b, dv_b)               # Eq. (14)-(15): later blocks
     gemm(scores, phi_q, dk_b, 1)                            # and the block's own
-    for i in range(i1 - i0):
-        dk_b[i] += u                                        # the normaliser's, later blocks
-    gemm(phi_k, U, dv_b, 0)                                 # Eq. (15): later blocks
-    gemm(_masked(phi_k, phi_q, True), dnum, dv_b, 1)        # and the block's own
+    gemm(_masked(phi_k, phi_q, True), dnum, dv_b, 1)
     _chain_elu(dk_b, x_k, phi_k, elu, r, i0)
     _accumulate(phi_q, dnum, dden, U, u)
 
 
+@njit(cache=True, error_model="numpy")
+def _global_dkv(x_k, v, elu, dk, dv, r, i0, i1, U, u):
+    """Non-causal dphi_k and dv for the block, (U, u) summed over the whole row:
+    dphi_k_i = U v_i + u and dv_i = U^T phi_k_i, Eq. (14)-(15) without a mask."""
+    phi_k, dk_b = _load(x_k, r, i0, i1, elu), dk[r, i0:i1]
+    _from_state(phi_k, v[r, i0:i1], U, u, dk_b, dv[r, i0:i1])
+    _chain_elu(dk_b, x_k, phi_k, elu, r, i0)
+
+
+@njit(cache=True, error_model="numpy")
+def _from_state(phi_k, v_b, U, u, dk_b, dv_b):
+    """dk_b = v_b U^T + u and dv_b = phi_k U: the gradients the state (U, u) carries."""
+    gemm(v_b, U.T, dk_b, 0)
+    for i in range(dk_b.shape[0]):
+        dk_b[i] += u                                        # the normaliser's
+    gemm(phi_k, U, dv_b, 0)
+
+
 @njit(parallel=True, cache=True, error_model="numpy")
-def sweep(stage, x_q, x_k, v, dout, eps, elu, out, norms, dq, dk, dv, block, bounds):
+def sweep(stage, causal, x_q, x_k, v, dout, eps, elu, out, norms, dq, dk, dv, block, bounds):
     """One sweep over blocks of ``block`` positions (see the module): writes ``out``
     (FORWARD), ``norms`` and ``dq`` (DQ), or ``dk`` and ``dv`` (DKV, backward in time); one
-    unit per row and segment of ``bounds`` (``segments``).
+    unit per row and segment of ``bounds`` (``segments``). Not ``causal``, every unit first
+    sums the state of the whole row, and each block reads it.
 
     Shapes: x_q, x_k (R, N, D); v (R, N, M); dout, out (R, N, M); norms (R, N, 2);
     dq, dk (R, N, D); dv (R, N, M); arrays a sweep does not use may be empty.
@@ -263,15 +315,25 @@ def sweep(stage, x_q, x_k, v, dout, eps, elu, out, norms, dq, dk, dv, block, bou
         r, s = divmod(np.int64(unit), n_segments)    # prange counts unsigned
         S, z = np.zeros((d, m), dtype=v.dtype), np.zeros(d, dtype=v.dtype)
         # before the segment: the state only, summed over the positions of bounds[s] blocks
+        # (not causal: over the whole row)
         lo, hi = (blocks - bounds[s]) * block, n
-        if not reverse:
+        if not causal:
+            lo = 0
+        elif not reverse:
             lo, hi = 0, min(n, bounds[s] * block)
         for g0 in range(lo, hi, group):
             _increment(stage, x_q, x_k, v, dout, norms, r, g0, min(hi, g0 + group), elu, S, z)
         for t in range(bounds[s], bounds[s + 1]):   # the segment's blocks in scan order
             blk = blocks - 1 - t if reverse else t
             i0, i1 = blk * block, min(n, (blk + 1) * block)
-            if stage == FORWARD:
+            if not causal:
+                if stage == FORWARD:
+                    _global_forward(x_q, eps, elu, out, r, i0, i1, S, z)
+                elif stage == DQ:
+                    _global_dq(x_q, dout, eps, elu, norms, dq, r, i0, i1, S, z)
+                else:
+                    _global_dkv(x_k, v, elu, dk, dv, r, i0, i1, S, z)
+            elif stage == FORWARD:
                 _forward(x_q, x_k, v, eps, elu, out, r, i0, i1, S, z)
             elif stage == DQ:
                 _dq(x_q, x_k, v, dout, eps, elu, norms, dq, r, i0, i1, S, z)
@@ -279,12 +341,12 @@ def sweep(stage, x_q, x_k, v, dout, eps, elu, out, norms, dq, dk, dv, block, bou
                 _dkv(x_q, x_k, v, dout, elu, norms, dk, dv, r, i0, i1, S, z)
 
 
-def _sweeps(x_q, x_k, v, chunk_size):
+def _sweeps(x_q, x_k, v, chunk_size, causal):
     """(rows of x_q, x_k, v, block length, segment bounds): what every sweep shares."""
     q, k, v_rows = as_rows(x_q), as_rows(x_k), as_rows(v)
     rows, n, d = q.shape
     block = block_length(chunk_size, d, v_rows.shape[-1])
-    return q, k, v_rows, block, segments(rows, -(-n // block))
+    return q, k, v_rows, block, segments(rows, -(-n // block), causal)
 
 
 def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=DEFAULT_CHUNK_SIZE,
@@ -294,14 +356,10 @@ def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=DEFAULT_CHUNK_SIZE,
 
     Cost: O(N (F M + C (F + M))) time, O(N M) memory: the output, nothing more.
     """
-    if not causal:
-        if elu:
-            phi_q, phi_k = elu_map.features(phi_q), elu_map.features(phi_k)
-        return cumulative.attend(phi_q, phi_k, v, causal=False, eps=eps)
-    q, k, v_rows, block, bounds = _sweeps(phi_q, phi_k, v, chunk_size)
+    q, k, v_rows, block, bounds = _sweeps(phi_q, phi_k, v, chunk_size, causal)
     out, none = np.empty_like(v_rows), np.empty((0, 0, 0), dtype=v.dtype)
-    sweep(FORWARD, q, k, v_rows, none, v.dtype.type(eps), elu, out, none, none, none, none,
-          block, bounds)
+    sweep(FORWARD, causal, q, k, v_rows, none, v.dtype.type(eps), elu, out, none, none, none,
+          none, block, bounds)
     return out.reshape(v.shape)
 
 
@@ -313,19 +371,12 @@ def attend_backward(dout, phi_q, phi_k, v, *, causal, eps,
     Cost: about 2.6 forwards' flops at C = 16, D = M = 64; O(N (F + M)) memory: the
     gradients and (den, dden) (N, 2).
     """
-    if not causal:
-        features = (elu_map.features(phi_q), elu_map.features(phi_k)) if elu else (phi_q, phi_k)
-        dphi_q, dphi_k, dv = cumulative.attend_backward(dout, *features, v, causal=False,
-                                                        eps=eps)
-        if elu:
-            dphi_q, dphi_k = elu_map.vjp_(phi_q, dphi_q), elu_map.vjp_(phi_k, dphi_k)
-        return dphi_q, dphi_k, dv
-    q, k, v_rows, block, bounds = _sweeps(phi_q, phi_k, v, chunk_size)
+    q, k, v_rows, block, bounds = _sweeps(phi_q, phi_k, v, chunk_size, causal)
     dout_rows, eps = as_rows(dout), v.dtype.type(eps)
     norms = np.empty((*v_rows.shape[:-1], 2), dtype=v.dtype)                # (den, dden)
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v_rows)
     none = np.empty((0, 0, 0), dtype=v.dtype)
     for stage in (DQ, DKV):
-        sweep(stage, q, k, v_rows, dout_rows, eps, elu, none, norms, dq, dk, dv, block,
-              bounds)
+        sweep(stage, causal, q, k, v_rows, dout_rows, eps, elu, none, norms, dq, dk, dv,
+              block, bounds)
     return dq.reshape(phi_q.shape), dk.reshape(phi_k.shape), dv.reshape(v.shape)
