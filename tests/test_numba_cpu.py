@@ -194,7 +194,8 @@ def test_segments_share_the_work_evenly(rows):
     if bounds.size == 3:                                    # b_1 = w b_1 + (128 - b_1)
         assert bounds[1] == round(128 / (2 - w))
     flat = chunked.segments(rows, 128, causal=False)        # each sums the whole row first
-    assert flat.size == bounds.size and np.ptp(np.diff(flat)) <= 1
+    assert flat.size == bounds.size and flat[0] == 0 and flat[-1] == 128
+    assert np.ptp(np.diff(flat)) <= 1
 
 
 def test_block_length_keeps_every_product_on_one_blas_thread():

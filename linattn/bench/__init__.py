@@ -129,10 +129,10 @@ def head_to_head(cfg, progress):
 
 
 def peers(cfg):
-    """The peers at every N and the generation, from ``peers.py`` run by
+    """The peers at every N (their step is timed in ``head_to_head``), from ``peers.py`` run by
     ``cfg.peer_python``: (result, note), or (None, why)."""
     result, note = _peers(cfg, {"ns": cfg.ns, "max_linear_n": cfg.max_n,
-                                "budget": cfg.budget, "gen_positions": cfg.gen_positions})
+                                "budget": cfg.budget})
     if result is None:
         return None, note
     note = f"torch {result['torch']} ({result['threads']} threads)"

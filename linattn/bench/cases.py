@@ -142,7 +142,7 @@ def step_seconds(q_t, k_t, v_t):
 
 
 def generation(cfg, progress):
-    """Seconds per generated token against position, for 8-head attention of one sequence:
+    """Seconds per generated token against position, for ``cfg.heads`` heads of one sequence:
     the RNN step (every position), softmax with a key/value cache and recomputing causal
     linear attention over the whole prefix (at positions 2^j); and, for the flatness target,
     the first and the last 1024 steps taken again in turn (``_first_and_last``)."""

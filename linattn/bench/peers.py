@@ -110,8 +110,7 @@ def head_to_head(torch, config):
 
 def main(config):
     import torch
-    result = {"torch": torch.__version__, "threads": torch.get_num_threads(), "scaling": [],
-              "generation": None}
+    result = {"torch": torch.__version__, "threads": torch.get_num_threads(), "scaling": []}
     try:
         import fast_transformers  # noqa: F401
         result["fast_transformers"] = True
@@ -133,9 +132,6 @@ def main(config):
             result["scaling"].append(row)
             if row["forward_backward_s"] > config["budget"]:
                 stopped.add(name)
-    if result["fast_transformers"]:
-        result["generation"] = generation(torch, config["heads"], config["dim"],
-                                          config["value_dim"], config["gen_positions"]).tolist()
     return result
 
 
