@@ -1,16 +1,16 @@
 """Validation and dtype policy, owned in one place.
 
-Every public function calls these once, before it dispatches to a kernel, so kernels may
-assume: floating arrays of one dtype (float32 or float64; float16 is computed in float32),
-equal leading dimensions, matching N, D and M, and a known method, backend and feature map.
+Every public function calls these once, before it dispatches to a kernel (``dispatch``), so
+kernels may assume: floating arrays of one dtype (float32 or float64; float16 is computed in
+float32), equal leading dimensions, matching N, D and M (Nq and Nk may differ only without a
+causal mask), a valid eps, chunk size and state. Names of methods and backends are checked by
+``dispatch``, which owns them.
 """
+import math
+import numbers
 import sys
 
 import numpy as np
-
-METHODS = ("auto", "quadratic", "linear", "chunked", "recurrent")
-BACKENDS = ("auto", "numpy", "numba", "cupy")
-
 
 def array_module(x):
     """numpy, or cupy when ``x`` is a CuPy array (cupy is never imported here)."""
@@ -18,31 +18,6 @@ def array_module(x):
     if cupy is not None and isinstance(x, cupy.ndarray):
         return cupy
     return np
-
-
-def resolve_backend(backend, xp):
-    """"numba" or "numpy": the CPU backend that runs ``backend`` (a valid name) for arrays
-    of module ``xp``, once ``cuda.launch.wants_cupy`` has decided the call stays off the GPU.
-
-    "auto" is "numba" for NumPy arrays when numba imports, else "numpy" (the NumPy forms also
-    run on CuPy arrays through ``xp``). Numba is imported here, on first use, not by
-    ``import linattn``, which it would slow down by about 0.3 s.
-    """
-    if backend == "auto":
-        return "numba" if xp is np and _numba_imports() else "numpy"
-    if backend == "numba" and xp is not np:
-        raise TypeError("backend 'numba' runs on NumPy arrays; CuPy arrays need 'cupy' or 'auto'")
-    if backend == "numba" and not _numba_imports():
-        raise ValueError("backend 'numba' needs the numba package; install it or use 'numpy'")
-    return backend
-
-
-def _numba_imports():
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def as_float_array(name, x):
@@ -76,8 +51,10 @@ def check_choice(kind, name, valid):
     return name
 
 
-def check_qkv(q, k, v, dout=None):
-    """Validate attention inputs of shape q, k (..., N, D), v and dout (..., N, M).
+def check_qkv(q, k, v, dout=None, *, causal=False):
+    """Validate attention inputs q (..., Nq, D), k (..., Nk, D), v (..., Nk, M) and dout
+    (..., Nq, M). Without ``causal``, Nq and Nk may differ (cross-attention); causal attention
+    needs Nq == Nk.
 
     Returns
     -------
@@ -96,16 +73,55 @@ def check_qkv(q, k, v, dout=None):
     if any(a.ndim < 2 for a in arrays):
         raise ValueError(f"q, k, v need shape (..., N, D) or (..., N, M), got {shapes}")
     q, k, v = arrays[:3]
-    if not (q.shape[:-1] == k.shape[:-1] and q.shape[:-2] == v.shape[:-2]
-            and q.shape[-2] == v.shape[-2]):
-        raise ValueError(f"leading dimensions and N must match: {shapes}")
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(f"q, k and v must have the same leading dimensions: {shapes}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same length Nk: {shapes}")
+    if causal and q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"causal attention needs queries and keys of one length N "
+                         f"(Nq == Nk); different lengths are cross-attention, which has no "
+                         f"causal mask: {shapes}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must have the same width D: {shapes}")
     if q.shape[-1] == 0:
         raise ValueError(f"q and k need at least one feature (D >= 1): {shapes}")
-    if dout is not None and arrays[3].shape != v.shape:
-        raise ValueError(f"dout must have the output's shape (..., N, M): {shapes}")
+    if dout is not None and arrays[3].shape != (*q.shape[:-1], v.shape[-1]):
+        raise ValueError(f"dout must have the output's shape (..., Nq, M): {shapes}")
     return _in_compute_dtype(tuple(arrays))
+
+
+def check_keys(q, k):
+    """Softmax over no keys is 0 / 0: a ValueError when there are queries but no keys."""
+    if k.shape[-2] == 0 and q.shape[-2] > 0:
+        raise ValueError(f"softmax attention needs at least one key (Nk >= 1) for "
+                         f"{q.shape[-2]} queries, got k{k.shape}")
+
+
+def check_eps(eps):
+    """``eps`` if it is a non-negative real number, else a ValueError."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
+        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    return eps
+
+
+def check_chunk_size(chunk_size):
+    """``chunk_size`` if it is None or a positive integer, else a ValueError."""
+    if chunk_size is None:
+        return None
+    if (isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral)
+            or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
+    return int(chunk_size)
+
+
+def check_scale(scale, d):
+    """The softmax scale as a float: 1 / sqrt(D) when None; a ValueError unless it is a
+    finite real number."""
+    if scale is None:
+        return d ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
+    return float(scale)
 
 
 def check_step(q_t, k_t, v_t):
@@ -133,3 +149,27 @@ def _in_compute_dtype(arrays):
 def _shapes(steps):
     """"q_t(...), k_t(...), v_t(...)": one step's shapes, for an error message."""
     return ", ".join(f"{n}{a.shape}" for n, a in zip(("q_t", "k_t", "v_t"), steps))
+
+
+def check_state(state, s_shape, dtype, xp):
+    """The RNN ``state`` as (S, z) checked against S (..., F, M) = ``s_shape`` and z (..., F),
+    cast to ``dtype``; None stays None (the caller starts from zeros, Eq. 16-17)."""
+    if state is None:
+        return None
+    expected = f"State(S {s_shape}, z {s_shape[:-1]})"
+    if not (isinstance(state, tuple) and len(state) == 2):
+        raise TypeError(f"state must be None or {expected}, got {type(state).__name__}")
+    s, z = (as_float_array(n, a) for n, a in zip(("state.S", "state.z"), state))
+    if array_module(s) is not xp or array_module(z) is not xp:
+        raise TypeError(f"state must hold {xp.__name__} arrays like q_t, k_t and v_t, got "
+                        f"{type(s).__name__} and {type(z).__name__}")
+    if s.shape != s_shape or z.shape != s_shape[:-1]:
+        raise ValueError(f"state must be {expected} for these inputs and feature map, got "
+                         f"S {s.shape}, z {z.shape}")
+    return s.astype(dtype, copy=False), z.astype(dtype, copy=False)
+
+
+def rows(x):
+    """(..., N, W) -> (R, N, W), C-contiguous, R = the product of the leading axes: the layout
+    every compiled kernel takes (batch x heads flattened). NumPy or CuPy."""
+    return array_module(x).ascontiguousarray(x.reshape(math.prod(x.shape[:-2]), *x.shape[-2:]))

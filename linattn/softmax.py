@@ -1,90 +1,45 @@
-"""Softmax attention, the O(N^2) baseline: Eq. (2) of Katharopoulos et al. (2020),
-"Transformers are RNNs", arXiv:2006.16236, with its causal mask, Eq. (8) with
+"""Softmax attention, the O(N^2) baseline, public functions: Eq. (2) of Katharopoulos et al.
+(2020), "Transformers are RNNs", arXiv:2006.16236, with its causal mask, Eq. (8), and
 sim(q, k) = exp(q.k / sqrt(D)).
 
-Reference: the NumPy functions here are their own oracle; tests hold them to a line-by-line
-transcription of Eq. (3) and the backward to central finite differences. ``backend="numba"``
-runs ``numba_cpu.softmax``, which never holds the N x N matrix; this module is its oracle.
+Each function checks its inputs once (``_checks``) and runs the kernel ``dispatch`` picks:
+``forms.softmax`` (NumPy, the N x N oracle), ``numba_cpu.softmax`` (tiles, never the N x N
+matrix) or ``cuda.softmax``.
 """
-from ._checks import BACKENDS, array_module, check_choice, check_qkv, resolve_backend
-from .cuda import launch as cuda_launch, softmax as cuda_softmax
-
-
-def _probabilities(q, k, causal, scale):
-    """The attention matrix P = softmax(scale * q k^T), shape (..., N, N)."""
-    xp = array_module(q)
-    logits = (q @ k.swapaxes(-1, -2)) * q.dtype.type(scale)  # (..., N, N)
-    if q.shape[-2] == 0:
-        return logits  # N = 0: an empty (..., 0, 0) matrix, no row to normalise
-    if causal:
-        n = q.shape[-2]
-        logits = xp.where(xp.tril(xp.ones((n, n), dtype=bool)), logits, -xp.inf)
-    # subtracting the row maximum makes exp() overflow-free; the diagonal keeps every
-    # causal row finite. A NaN query row gives a NaN maximum and stays NaN.
-    logits = logits - logits.max(axis=-1, keepdims=True)
-    p = xp.exp(logits)
-    return p / p.sum(axis=-1, keepdims=True)
-
-
-def _scale(q, scale):
-    return q.shape[-1] ** -0.5 if scale is None else float(scale)
-
-
-def attend(q, k, v, *, causal, scale):
-    """The NumPy forward on validated arrays: P v with P = softmax(scale q k^T)."""
-    return _probabilities(q, k, causal, scale) @ v
-
-
-def attend_backward(dout, q, k, v, *, causal, scale):
-    """The NumPy backward on validated arrays: (dq, dk, dv) as documented below."""
-    p = _probabilities(q, k, causal, scale)                 # (..., N, N)
-    dv = p.swapaxes(-1, -2) @ dout                          # (..., N, M)
-    dp = dout @ v.swapaxes(-1, -2)                          # (..., N, N)
-    dlogits = p * (dp - (dp * p).sum(axis=-1, keepdims=True)) * q.dtype.type(scale)
-    dq = dlogits @ k                                        # (..., N, D)
-    dk = dlogits.swapaxes(-1, -2) @ q                       # (..., N, D)
-    return dq, dk, dv
-
-
-def _kernel(backend, xp):
-    """(attend, attend_backward) for ``backend``: ``linattn.cuda.softmax`` for "cupy" (and
-    "auto" with CuPy arrays), ``numba_cpu.softmax`` for "numba" (and "auto" when numba
-    imports), the NumPy pair above otherwise."""
-    check_choice("backend", backend, BACKENDS)
-    if cuda_launch.wants_cupy(backend, xp):
-        return cuda_softmax.softmax_attention, cuda_softmax.softmax_attention_backward
-    if resolve_backend(backend, xp) == "numba":
-        from .numba_cpu import softmax as numba_softmax  # compiled: imported on first use
-        return numba_softmax.attend, numba_softmax.attend_backward
-    return attend, attend_backward
+from . import _checks, dispatch
 
 
 def softmax_attention(q, k, v, *, causal=False, scale=None, backend="auto"):
     """Softmax attention, the O(N^2) baseline, Eq. (2).
 
     out = softmax(scale * q k^T) v row by row, scale = 1/sqrt(D) by default;
-    if causal, row i sees only j <= i (Eq. 8).
+    if causal, row i sees only j <= i (Eq. 8). Without a mask, queries and keys may have
+    different lengths (cross-attention; Nq = 1 against a key/value cache is a generation step).
 
     Parameters
     ----------
-    q, k : ndarray, shape (..., N, D)
-    v : ndarray, shape (..., N, M)
+    q : ndarray, shape (..., Nq, D)
+    k : ndarray, shape (..., Nk, D)
+    v : ndarray, shape (..., Nk, M)
+        Leading axes (batch, heads, ...) must be equal, and may be absent. Causal: Nq == Nk.
     causal : bool
     scale : float, optional
     backend : {"auto", "numpy", "numba", "cupy"}
         "cupy" (and "auto" with CuPy arrays) runs ``linattn.cuda.softmax``; "numba" (and
-        "auto" when numba imports) streams one row of logits at a time, O(N) memory per
-        worker; "numpy" builds the N x N matrix.
+        "auto" when numba imports) never builds the Nq x Nk matrix; "numpy" builds it.
 
     Returns
     -------
-    out : ndarray, shape (..., N, M), in the inputs' dtype (float16 is computed in float32).
+    out : ndarray, shape (..., Nq, M), in the inputs' dtype (float16 is computed in float32).
 
-    Cost: O(N^2 max(D, M)) time; O(N^2) memory on NumPy, O(N) per worker on Numba.
+    Cost: O(Nq Nk max(D, M)) time; O(Nq Nk) memory on NumPy and CuPy, O(Nq + Nk) per row on
+    Numba.
     """
-    (q, k, v), out_dtype = check_qkv(q, k, v)
-    forward, _ = _kernel(backend, array_module(q))
-    out = forward(q, k, v, causal=causal, scale=_scale(q, scale))
+    (q, k, v), out_dtype = _checks.check_qkv(q, k, v, causal=causal)
+    _checks.check_keys(q, k)
+    scale = _checks.check_scale(scale, q.shape[-1])
+    kernel, _ = dispatch.kernel("softmax", "auto", backend, _checks.array_module(q))
+    out = kernel.attend(q, k, v, causal=causal, scale=scale)
     return out.astype(out_dtype, copy=False)
 
 
@@ -97,20 +52,22 @@ def softmax_attention_backward(dout, q, k, v, *, causal=False, scale=None, backe
 
     Parameters
     ----------
-    dout : ndarray, shape (..., N, M)
+    dout : ndarray, shape (..., Nq, M)
         Gradient of the loss with respect to ``out``.
     q, k, v, causal, scale, backend
         As given to ``softmax_attention``.
 
     Returns
     -------
-    dq, dk : ndarray, shape (..., N, D)
-    dv : ndarray, shape (..., N, M)
+    dq : ndarray, shape (..., Nq, D)
+    dk : ndarray, shape (..., Nk, D)
+    dv : ndarray, shape (..., Nk, M)
 
-    Cost: O(N^2 max(D, M)) time; O(N^2) memory on NumPy, O(N) per worker on Numba
-    (P is recomputed, not stored).
+    Cost: as the forward; P is recomputed, never stored.
     """
-    (q, k, v, dout), out_dtype = check_qkv(q, k, v, dout)
-    _, backward = _kernel(backend, array_module(q))
-    grads = backward(dout, q, k, v, causal=causal, scale=_scale(q, scale))
+    (q, k, v, dout), out_dtype = _checks.check_qkv(q, k, v, dout, causal=causal)
+    _checks.check_keys(q, k)
+    scale = _checks.check_scale(scale, q.shape[-1])
+    kernel, _ = dispatch.kernel("softmax", "auto", backend, _checks.array_module(q))
+    grads = kernel.attend_backward(dout, q, k, v, causal=causal, scale=scale)
     return tuple(g.astype(out_dtype, copy=False) for g in grads)

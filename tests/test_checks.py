@@ -13,11 +13,11 @@ BACKWARDS = [linear_attention_backward, softmax_attention_backward]
 PAIRS = list(zip(FORWARDS, BACKWARDS))
 
 BAD_SHAPES = [
-    ((5, 3), (5, 3), (4, 2), "leading dimensions and N"),
-    ((5, 3), (6, 3), (5, 2), "leading dimensions and N"),
+    ((5, 3), (5, 3), (4, 2), "same length Nk"),
+    ((5, 3), (6, 3), (5, 2), "same length Nk"),
     ((5, 3), (5, 4), (5, 2), "same width D"),
-    ((2, 5, 3), (3, 5, 3), (2, 5, 2), "leading dimensions and N"),
-    ((2, 5, 3), (2, 5, 3), (5, 2), "leading dimensions and N"),
+    ((2, 5, 3), (3, 5, 3), (2, 5, 2), "same leading dimensions"),
+    ((2, 5, 3), (2, 5, 3), (5, 2), "same leading dimensions"),
     ((3,), (3,), (3,), "shape \\(..., N, D\\)"),
     ((5, 0), (5, 0), (5, 2), "D >= 1"),
 ]

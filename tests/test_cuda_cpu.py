@@ -96,8 +96,8 @@ def test_every_launch_matches_its_kernel(monkeypatch, ptx_signatures, dtype, n, 
         for form in (cumulative, chunked):
             form.attend(q, k, v, causal=True, eps=1e-6)
             form.attend_backward(v, q, k, v, causal=True, eps=1e-6)
-        softmax.softmax_attention(q, k, v, causal=True, scale=0.5)
-        softmax.softmax_attention_backward(v, q, k, v, causal=False, scale=0.5)
+        softmax.attend(q, k, v, causal=True, scale=0.5)
+        softmax.attend_backward(v, q, k, v, causal=False, scale=0.5)
         step.step(q[:, 0], k[:, 0], v[:, 0], zero_state((2,), d, m, dtype, np), 1e-6)
     assert set(launched) == {name for sigs in ptx_signatures.values() for name in sigs}
 

@@ -130,10 +130,10 @@ def test_softmax_matches_numpy(emulated, causal, n):
     dout = np.random.default_rng(2).standard_normal(v.shape)
     scale = 3 ** -0.5
     want = softmax_attention(q, k, v, causal=causal, backend="numpy")
-    got = softmax.softmax_attention(q, k, v, causal=causal, scale=scale)
+    got = softmax.attend(q, k, v, causal=causal, scale=scale)
     np.testing.assert_allclose(got, want, rtol=1e-10)
     want = softmax_attention_backward(dout, q, k, v, causal=causal, backend="numpy")
-    got = softmax.softmax_attention_backward(dout, q, k, v, causal=causal, scale=scale)
+    got = softmax.attend_backward(dout, q, k, v, causal=causal, scale=scale)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
 

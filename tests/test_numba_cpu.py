@@ -260,18 +260,6 @@ def test_a_second_process_loads_the_compiled_loops():
     assert hits == 1 and misses == 0
 
 
-def test_auto_is_numba_when_it_imports_and_numpy_when_not(monkeypatch):
-    kernel, backend = linear._kernel("auto", "auto", True, np)
-    assert backend == "numba" and kernel.__name__ == "linattn.numba_cpu.chunked"
-    assert linear._kernel("quadratic", "auto", True, np)[1] == "numpy"
-    monkeypatch.setattr(_checks, "_numba_imports", lambda: False)
-    kernel, backend = linear._kernel("auto", "auto", True, np)
-    assert backend == "numpy" and kernel.__name__ == "linattn.forms.chunked"
-    q, k, v = random_qkv(4, 5, 3, 2)
-    with pytest.raises(ValueError, match="needs the numba package"):
-        linear_attention(q, k, v, backend="numba")
-
-
 def test_numba_names_the_methods_it_runs():
     q, k, v = random_qkv(5, 5, 3, 2)
     with pytest.raises(ValueError, match="'quadratic' has no numba kernel.*linear, recurrent"):

@@ -14,10 +14,10 @@ arXiv:2006.16236, sections 3.3-3.4 and Fig. 1). One run measures:
   cache and recomputing the prefix;
 - peers, when an interpreter with torch is given (``--peer-python``): PyTorch's softmax
   attention and pytorch-fast-transformers, run by ``peers`` in a subprocess;
-- head to head: the targets' ratios again, in rounds that take each side in turn
+- head to head: the summary's ratios again, in rounds that take each side in turn
   (``head_to_head``), since the tables' cases lie minutes apart on a machine whose load
   comes and goes;
-- the issue's targets, computed from the above.
+- a summary of ratios computed from the above (``report.summary``).
 
 Writes ``bench.json`` (machine, configuration, every number), ``bench_*.csv`` and a readable
 ``bench.txt`` into ``--out``; ``--quick`` finishes in well under a minute.
@@ -29,6 +29,7 @@ import subprocess
 import sys
 
 import numpy as np
+from tqdm import tqdm
 
 from . import cases, report, timing
 
@@ -43,7 +44,7 @@ def parse(argv):
     p.add_argument("--value-dim", type=int, default=64, help="M, value width")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--max-n", type=int, default=65536, help="largest N (a power of two)")
-    p.add_argument("--target-n", type=int, default=4096, help="N of the targets")
+    p.add_argument("--compare-n", type=int, default=4096, help="N of the head-to-head rounds and the summary")
     p.add_argument("--cross-n", type=int, default=4096, help="N of the crossover")
     p.add_argument("--gen-positions", type=int, default=16384)
     p.add_argument("--repeats", type=int, default=5)
@@ -64,13 +65,13 @@ def parse(argv):
     if cfg.rounds < 1:
         p.error(f"--rounds must be at least 1, got {cfg.rounds}")
     if cfg.quick:
-        cfg.max_n, cfg.target_n, cfg.cross_n = 1024, 1024, 512
+        cfg.max_n, cfg.compare_n, cfg.cross_n = 1024, 1024, 512
         cfg.gen_positions, cfg.repeats, cfg.budget, cfg.pause = 1024, 2, 1.0, 0.01
         cfg.rounds = 2
         cfg.widths = [w for w in cfg.widths if w <= 64]
     cfg.ns = [2**j for j in range(7, cfg.max_n.bit_length()) if 2**j <= cfg.max_n]
-    if cfg.target_n not in cfg.ns:
-        cfg.ns = sorted(set(cfg.ns) | {cfg.target_n})
+    if cfg.compare_n not in cfg.ns:
+        cfg.ns = sorted(set(cfg.ns) | {cfg.compare_n})
     return cfg
 
 
@@ -81,7 +82,7 @@ def threads(cfg):
     neighbour on a shared machine slows each alike, in 20 rounds or more, each after a pause
     that lets the BLAS threads of the round before stop spinning."""
     import numba
-    q, k, v, _ = cases.inputs(cfg.batch, 1, cfg.target_n, cfg.dim, cfg.value_dim, cfg.dtype)
+    q, k, v, _ = cases.inputs(cfg.batch, 1, cfg.compare_n, cfg.dim, cfg.value_dim, cfg.dtype)
     forward = cases.CASES["causal numba"][0]
     all_threads = numba.get_num_threads()
     calls = {"all_s": (lambda: numba.set_num_threads(all_threads), lambda: forward(q, k, v)),
@@ -101,21 +102,21 @@ def threads(cfg):
 
 
 def head_to_head(cfg, progress):
-    """The targets' ratios measured in ``cfg.rounds`` rounds; each round takes in turn
-    linattn's causal forward and forward + backward at ``cfg.target_n`` (best of
+    """The summary's ratios measured in ``cfg.rounds`` rounds; each round takes in turn
+    linattn's causal forward and forward + backward at ``cfg.compare_n`` (best of
     ``cfg.repeats``), the median seconds per token of 1024 RNN steps, the same two of pft
     (one ``peers.py`` subprocess, None without it) and the matmul ceiling. A load that comes
     and goes over seconds to minutes then weighs on both sides of each round's ratios alike;
-    the targets take their median over the rounds."""
-    q, k, v, dout = cases.inputs(cfg.batch, cfg.heads, cfg.target_n, cfg.dim, cfg.value_dim,
+    the summary takes their median over the rounds."""
+    q, k, v, dout = cases.inputs(cfg.batch, cfg.heads, cfg.compare_n, cfg.dim, cfg.value_dim,
                                  cfg.dtype)
     forward, backward = cases.CASES["causal numba"]
     steps = cases.tokens(*cases.inputs(1, cfg.heads, 1024, cfg.dim, cfg.value_dim,
                                        cfg.dtype, seed=1)[:3])
-    config = {"head_to_head": True, "n": cfg.target_n, "steps": len(steps[0])}
+    config = {"head_to_head": True, "n": cfg.compare_n, "steps": len(steps[0])}
     rounds = []
     for r in range(cfg.rounds):
-        progress.step(f"head to head, round {r + 1}")
+        cases.advance(progress, f"head to head, round {r + 1}")
         timing.settle(cfg.pause)
         row = {"forward_s": timing.seconds(lambda: forward(q, k, v), cfg.repeats)[1],
                "forward_backward_s": timing.seconds(
@@ -166,19 +167,19 @@ def main(argv=None):
     widths = cfg.widths
     total = (len(cfg.ns) * len(cfg.cases) + len(cases.CROSSOVER) * len(widths)
              * len({1, cfg.heads}) + 3 + cfg.gen_positions.bit_length() + cfg.rounds)
-    progress = timing.Progress(total, quiet=cfg.no_progress)
+    progress = tqdm(total=total, disable=cfg.no_progress, unit="case", desc="bench")
     results = {"machine": timing.machine(), "ceiling_gflops": timing.matmul_gflops(),
                "config": vars(cfg)}
     results["scaling"] = cases.scaling(cfg, progress)
     results["crossover"] = cases.crossover(cfg, progress, widths)
-    progress.step("heads=1 thread scaling")
+    cases.advance(progress, "heads=1 thread scaling")
     results["threads"] = threads(cfg)
     results["generation"], results["generation_summary"] = cases.generation(cfg, progress)
-    progress.step("peers")
+    cases.advance(progress, "peers")
     results["peers"], results["peers_note"] = peers(cfg)
     results["head_to_head"] = head_to_head(cfg, progress)
     progress.close()
-    results["targets"] = report.targets(results)
+    results["summary"] = report.summary(results)
     with open(os.path.join(cfg.out, "bench.json"), "w") as f:
         json.dump(results, f, indent=1)
     report.write(results, cfg.out)

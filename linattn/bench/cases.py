@@ -79,9 +79,7 @@ def measure(name, q, k, v, dout, repeats, pause, memory=True):
         return forward(q, k, v), backward(q, k, v, dout)
 
     timing.settle(pause)
-    start = time.perf_counter()
-    both()                                                    # warm-up, and a size probe
-    reps = repeats if time.perf_counter() - start < 2.0 else 1
+    reps = repeats if timing.once(both) < 2.0 else 1         # warm-up, and a size probe
     row = {"case": name, "n": q.shape[-2]}
     row["forward_s"], row["forward_best_s"] = timing.seconds(lambda: forward(q, k, v), reps, 0)
     row["forward_backward_s"], row["forward_backward_best_s"] = timing.seconds(both, reps, 0)
@@ -96,7 +94,7 @@ def scaling(cfg, progress):
     for n in cfg.ns:
         q, k, v, dout = inputs(cfg.batch, cfg.heads, n, cfg.dim, cfg.value_dim, cfg.dtype)
         for name in cfg.cases:
-            progress.step(f"{name} N={n}")
+            advance(progress, f"{name} N={n}")
             if name in stopped:
                 continue
             if name == "softmax numpy" and not _softmax_fits(cfg.batch, cfg.heads, n,
@@ -118,7 +116,7 @@ def crossover(cfg, progress, widths=(16, 32, 64, 128, 256)):
         for w in widths:
             q, k, v, dout = inputs(cfg.batch, heads, cfg.cross_n, w, w, cfg.dtype)
             for name in CROSSOVER:
-                progress.step(f"crossover {name} h={heads} D=M={w}")
+                advance(progress, f"crossover {name} h={heads} D=M={w}")
                 row = measure(name, q, k, v, dout, cfg.repeats, cfg.pause, memory=False)
                 rows.append({**row, "heads": heads, "width": w})
     return rows
@@ -150,7 +148,7 @@ def generation(cfg, progress):
     q, k, v, _ = inputs(1, cfg.heads, n, cfg.dim, cfg.value_dim, cfg.dtype, seed=1)
     q_t, k_t, v_t = tokens(q, k, v)
     rows = []
-    progress.step(f"generation: RNN step x {n}")
+    advance(progress, f"generation: RNN step x {n}")
     linear_attention_step(q_t[0], k_t[0], v_t[0])                 # warm-up: load the kernel
     timing.settle(cfg.pause)
     per_token = step_seconds(q_t, k_t, v_t)
@@ -159,7 +157,7 @@ def generation(cfg, progress):
         rows.append({"case": "rnn step", "position": t, "seconds_per_token":
                      float(np.median(window))})
     for t in _positions(n):
-        progress.step(f"generation: softmax cache, recompute t={t}")
+        advance(progress, f"generation: softmax cache, recompute t={t}")
         prefix = q[:, :, :t], k[:, :, :t], v[:, :, :t]
         f = functools.partial(softmax_cache_step, q[:, :, t - 1], *prefix[1:])
         rows.append({"case": "softmax kv-cache numpy", "position": t,
@@ -194,11 +192,15 @@ def _first_and_last(q_t, k_t, v_t, w):
 
 def softmax_cache_step(q_t, k_cache, v_cache):
     """One generated token of softmax attention, Eq. (2) for the newest query q_t (..., D)
-    against the cached keys and values (..., t, D|M): O(t) work, growing with the position."""
-    logits = (q_t[..., None, :] @ k_cache.swapaxes(-1, -2))[..., 0, :]      # (..., t)
-    logits *= q_t.dtype.type(q_t.shape[-1] ** -0.5)
-    p = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return (p[..., None, :] @ v_cache)[..., 0, :] / p.sum(axis=-1, keepdims=True)
+    against the cached keys and values (..., t, D|M): O(t) work, growing with the position.
+    Cross-attention of one query (no mask: every cached key is visible), NumPy backend."""
+    return softmax_attention(q_t[..., None, :], k_cache, v_cache, backend="numpy")[..., 0, :]
+
+
+def advance(progress, label):
+    """One more case on the ``tqdm`` bar ``progress``, named ``label``."""
+    progress.set_postfix_str(label, refresh=False)
+    progress.update()
 
 
 def _positions(n):

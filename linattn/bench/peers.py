@@ -11,6 +11,7 @@ It never imports linattn, and linattn never imports it.
 import json
 import sys
 import time
+import timeit
 
 import numpy as np
 
@@ -19,11 +20,7 @@ def seconds(f, repeats):
     """(median, best) wall time of ``f()`` over ``repeats`` calls after one warm-up call,
     as ``linattn.bench.timing.seconds`` (which this script cannot import)."""
     f()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - start)
+    times = timeit.repeat(f, number=1, repeat=repeats)
     return float(np.median(times)), min(times)
 
 

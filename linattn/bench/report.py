@@ -1,5 +1,6 @@
-"""The benchmark's outputs: the issue's targets computed from one run's measurements, readable
-tables, and the CSV files beside the JSON."""
+"""The benchmark's outputs: the ratios that summarise one run (to the peers, to this machine's
+matmul ceiling, between positions), readable tables, and the CSV files beside the JSON.
+They report what was measured; judging it against any threshold is the reader's business."""
 import csv
 import os
 
@@ -25,26 +26,25 @@ def _median_ratio(rounds, num, den):
     return float(np.median(ratios)) if ratios else None
 
 
-def targets(results):
-    """[(target, measured, goal, met)] for the claims the benchmark exists to check; the
-    ratios that compare two measurements are medians over the head-to-head rounds."""
+def summary(results):
+    """[(quantity, value)]: the run's headline ratios; those that compare two measurements
+    are medians over the head-to-head rounds (None where a side was not measured)."""
     cfg, scaling, rounds = results["config"], results["scaling"], results["head_to_head"]
-    n = cfg["target_n"]
+    n = cfg["compare_n"]
     flops = 4 * n * cfg["dim"] * cfg["value_dim"] * cfg["batch"] * cfg["heads"]
     ceiling = float(np.median([r["ceiling_gflops"] for r in rounds]))
     threads = results["threads"]
     rows = [
         (f"causal fwd+bwd N={n}: pft CausalLinearAttention / numba",
          _median_ratio(rounds, lambda r: r["pft_forward_backward_s"],
-                       lambda r: r["forward_backward_s"]), ">= 5", lambda x: x >= 5),
+                       lambda r: r["forward_backward_s"])),
         (f"causal forward N={n}: fraction of float32 matmul GFLOP/s",
          _median_ratio(rounds, lambda r: flops / r["forward_s"] / 1e9,
-                       lambda r: r["ceiling_gflops"]), ">= 0.40", lambda x: x >= 0.4),
+                       lambda r: r["ceiling_gflops"])),
         (f"causal forward N={n}, heads=1: fraction of matmul GFLOP/s",
-         _ratio(flops / cfg["heads"] / threads["all_s"] / 1e9, ceiling), ">= 0.40",
-         lambda x: x >= 0.4),
+         _ratio(flops / cfg["heads"] / threads["all_s"] / 1e9, ceiling)),
         (f"causal forward N={n}, heads=1: {threads['threads']} threads / 1 thread speedup",
-         _ratio(threads["one_s"], threads["all_s"]), ">= 1.6", lambda x: x >= 1.6),
+         _ratio(threads["one_s"], threads["all_s"])),
     ]
     big = max((r for r in scaling if r["case"] == "causal numba"), key=lambda r: r["n"],
               default=None)
@@ -52,8 +52,8 @@ def targets(results):
         inputs = 2 * (cfg["dim"] + cfg["value_dim"]) * big["n"] * cfg["batch"] * cfg["heads"]
         inputs *= np.dtype(cfg["dtype"]).itemsize
         rows.append((f"causal fwd+bwd N={big['n']}: peak extra memory / bytes of q,k,v,dout",
-                     _ratio(big["peak_extra_bytes"], inputs), "<= 4", lambda x: x <= 4))
-    gen, summary = results["generation"], results["generation_summary"]
+                     _ratio(big["peak_extra_bytes"], inputs)))
+    gen, gen_summary = results["generation"], results["generation_summary"]
     last = cfg["gen_positions"]
     step = _find(gen, "rnn step", position=last)
     cache = min((r["seconds_per_token"] for r in gen
@@ -61,16 +61,13 @@ def targets(results):
                 default=None)
     rows += [
         (f"one step, {cfg['heads']} heads: pft RecurrentLinearAttention / numba",
-         _median_ratio(rounds, lambda r: r["pft_step_s"], lambda r: r["step_s"]), ">= 30",
-         lambda x: x >= 30),
+         _median_ratio(rounds, lambda r: r["pft_step_s"], lambda r: r["step_s"])),
         (f"step time, last 1024 / first 1024 of {last} tokens",
-         _ratio(summary["last_1024_median_s"], summary["first_1024_median_s"]), "<= 1.2",
-         lambda x: x <= 1.2),
+         _ratio(gen_summary["last_1024_median_s"], gen_summary["first_1024_median_s"])),
         (f"per token at position {last}: softmax kv-cache / rnn step",
-         _ratio(cache, step and step["seconds_per_token"]), ">= 100", lambda x: x >= 100),
+         _ratio(cache, step and step["seconds_per_token"])),
     ]
-    return [(name, value, goal, None if value is None else bool(test(value)))
-            for name, value, goal, test in rows]
+    return rows
 
 
 def _table(header, rows):
@@ -84,22 +81,21 @@ def _fmt(x, scale=1.0, digits=2):
 
 
 def text(results):
-    """The run as plain-text tables: machine, targets, scaling, generation, crossover."""
+    """The run as plain-text tables: machine, summary, scaling, generation, crossover."""
     m, cfg = results["machine"], results["config"]
     parts = [f"machine: {m['cpu']}, {m['cores_available']} cores, numpy {m['numpy']}, "
              f"numba {m['numba']} ({m['numba_threads']} threads), BLAS {m['blas']}",
              f"float32 matmul ceiling: {results['ceiling_gflops']:.1f} GFLOP/s; "
              f"batch={cfg['batch']} heads={cfg['heads']} D={cfg['dim']} M={cfg['value_dim']} "
-             f"{cfg['dtype']}; peers: {results['peers_note']}", "", "targets"]
-    parts.append(_table(["target", "measured", "goal", "met"],
-                        [(t, _fmt(v), g, "-" if ok is None else ("yes" if ok else "NO"))
-                         for t, v, g, ok in results["targets"]]))
+             f"{cfg['dtype']}; peers: {results['peers_note']}", "", "summary"]
+    parts.append(_table(["quantity", "measured"],
+                        [(t, _fmt(v)) for t, v in results["summary"]]))
     threads = results["threads"]
     blas = _ratio(threads["blas_one_s"], threads["blas_all_s"])
     if blas is not None:
         parts.append(f"(the yardstick, in turn with the heads=1 calls: NumPy's float32 "
                      f"matmul, {threads['threads']} threads / 1 thread = {blas:.2f})")
-    n = cfg["target_n"]
+    n = cfg["compare_n"]
     table = [[i + 1, _fmt(r["ceiling_gflops"], 1, 1), _fmt(r["forward_s"], 1e3),
               _fmt(r["forward_backward_s"], 1e3), _fmt(r["pft_forward_backward_s"], 1e3),
               _fmt(r["step_s"], 1e6, 1), _fmt(r["pft_step_s"], 1e6, 1)]

@@ -1,8 +1,8 @@
 """How the benchmark measures: wall time, peak memory, the machine, and its matmul ceiling.
 
 - ``settle``: a pause between cases, so that one case's idle threads do not slow the next.
-- ``seconds``: median and best wall time of a call, after warm-up calls (compilation,
-  caches). Tables show medians; the targets compare best times, which other processes on a
+- ``seconds``, ``once``: median and best wall time of a call, after warm-up calls
+  (compilation, caches), by ``timeit``: the one timer of the package. Tables show medians; the targets compare best times, which other processes on a
   shared machine disturb least.
 - ``interleaved``: best times of several calls taken in turn, for ratios that a shared
   machine's load would otherwise tilt; ``blas_limiter`` sets NumPy's BLAS threads for it.
@@ -17,17 +17,24 @@ import os
 import platform
 import sys
 import time
+import timeit
 import tracemalloc
 
 import numpy as np
 
 
 def seconds(f, repeats=5, warmup=1):
-    """(median, best) wall time of ``f()`` over ``repeats`` calls, after ``warmup`` calls."""
+    """(median, best) wall time of ``f()`` over ``repeats`` calls (``timeit``), after
+    ``warmup`` calls."""
     for _ in range(warmup):
         f()
-    times = [_time_once(f) for _ in range(repeats)]
+    times = timeit.repeat(f, number=1, repeat=repeats)
     return float(np.median(times)), min(times)
+
+
+def once(f):
+    """Wall time of one call of ``f()`` (``timeit``)."""
+    return timeit.timeit(f, number=1)
 
 
 def interleaved(calls, rounds, pause=0.0):
@@ -40,7 +47,7 @@ def interleaved(calls, rounds, pause=0.0):
         for name, (setup, call) in calls.items():
             setup()
             call()
-            best[name] = min(best[name], _time_once(call))
+            best[name] = min(best[name], once(call))
     return best
 
 
@@ -83,14 +90,8 @@ def matmul_gflops(n=2048, repeats=5):
     """Float32 (n x n) @ (n x n) GFLOP/s through NumPy's BLAS: the best of ``repeats``."""
     a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
     a @ a
-    best = min(_time_once(lambda: a @ a) for _ in range(repeats))
+    best = min(once(lambda: a @ a) for _ in range(repeats))
     return 2 * n**3 / best / 1e9
-
-
-def _time_once(f):
-    start = time.perf_counter()
-    f()
-    return time.perf_counter() - start
 
 
 def _cpu_model():
@@ -141,25 +142,3 @@ def _threading_layer(numba):
         return numba.threading_layer()
     except ValueError:  # no parallel function has run yet
         return None
-
-
-class Progress:
-    """A one-line progress bar on stderr: ``[ 3/40] causal numba N=4096``."""
-
-    def __init__(self, total, quiet=False):
-        self.total, self.done, self.quiet = total, 0, quiet
-        self.start = time.perf_counter()
-
-    def step(self, label):
-        self.done += 1
-        if not self.quiet:
-            elapsed = time.perf_counter() - self.start
-            width = 24
-            filled = width * self.done // max(self.total, 1)
-            bar = "#" * filled + "." * (width - filled)
-            print(f"\r[{bar}] {self.done}/{self.total} {elapsed:5.0f}s {label:<40.40}",
-                  end="", file=sys.stderr, flush=True)
-
-    def close(self):
-        if not self.quiet:
-            print(file=sys.stderr)

@@ -21,7 +21,10 @@ import math
 import numpy as np
 
 from ..forms import cumulative as numpy_cumulative
+from .._checks import rows
 from . import launch
+
+FUSED_FEATURE_MAPS = ()  # every feature map is applied before the kernel
 
 
 def _states(x, y, w, reverse):
@@ -79,7 +82,7 @@ def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=None):
         return numpy_cumulative.attend(phi_q, phi_k, v, causal=False, eps=eps)
     if v.size == 0:                                          # N = 0, M = 0 or no heads
         return v.copy()
-    out, _, _, _ = _forward(*(launch.heads(x) for x in (phi_q, phi_k, v)), eps)
+    out, _, _, _ = _forward(*(rows(x) for x in (phi_q, phi_k, v)), eps)
     return out.reshape(v.shape)
 
 
@@ -95,7 +98,7 @@ def attend_backward(dout, phi_q, phi_k, v, *, causal, eps, chunk_size=None):
     xp = launch.array_module(v)
     if v.size == 0:
         return xp.zeros_like(phi_q), xp.zeros_like(phi_k), v.copy()
-    q, k, v3, do = (launch.heads(x) for x in (phi_q, phi_k, v, dout))
+    q, k, v3, do = (rows(x) for x in (phi_q, phi_k, v, dout))
     h, n, f = q.shape
     m = v3.shape[-1]
     out, den, s, z = _forward(q, k, v3, eps)                 # recomputed, not stored

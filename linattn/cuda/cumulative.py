@@ -9,7 +9,10 @@ case is two CuPy matrix products (``linattn.forms.cumulative``). Oracle: the Num
 """
 from ..forms import cumulative as numpy_cumulative
 from ..forms.normaliser import normalised, normalised_backward
+from .._checks import rows
 from . import launch
+
+FUSED_FEATURE_MAPS = ()  # every feature map is applied before the kernel
 
 
 def _scan(a, b, c, reverse):
@@ -19,7 +22,7 @@ def _scan(a, b, c, reverse):
     memory per head for the running sums.
     """
     xp = launch.array_module(a)
-    a3, b3, c3 = (launch.heads(x) for x in (a, b, c))
+    a3, b3, c3 = (rows(x) for x in (a, b, c))
     h, n, p = a3.shape
     r = b3.shape[-1]
     state = xp.zeros((h, p, r), dtype=a3.dtype)             # one running sum per thread

@@ -1,5 +1,5 @@
-"""Compiling and launching the CUDA sources of ``linattn/cuda/*.cu``, and the one place that
-decides whether a call runs on the GPU and says clearly why it cannot.
+"""Compiling and launching the CUDA sources of ``linattn/cuda/*.cu``, and the check that says
+clearly why a call cannot run on the GPU (``require_cupy``, called by ``linattn.dispatch``).
 
 Each ``.cu`` file is compiled by CuPy (NVRTC) once per dtype, with ``-DLINATTN_REAL=float`` or
 ``double`` naming its scalar type ``real``; CuPy also caches the binary on disk. The nvcc test
@@ -17,24 +17,6 @@ THREADS = 256    # every kernel's block size (THREADS in the .cu files)
 TILE = 64        # chunk length and tile width of the chunked kernels (TILE in causal_product.cu)
 SOURCES = ("causal_product.cu", "rnn_step.cu", "softmax.cu")
 _REAL = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
-
-
-def wants_cupy(backend, xp):
-    """True when the call runs on the GPU: ``backend="cupy"``, or ``"auto"`` with CuPy arrays.
-
-    For "cupy" it checks, in this order, that CuPy is installed (ImportError), that it sees a
-    GPU (RuntimeError) and that the inputs are CuPy arrays (TypeError: linattn never copies
-    between host and device behind your back). ``backend`` is already a valid name.
-    """
-    if backend == "auto":
-        return xp.__name__ == "cupy"
-    if backend != "cupy":
-        return False
-    require_cupy()
-    if xp.__name__ != "cupy":
-        raise TypeError("backend='cupy' takes CuPy arrays, got NumPy arrays; move them to the GPU "
-                        "with cupy.asarray(x) (linattn makes no hidden host-device copies)")
-    return True
 
 
 def require_cupy():
@@ -93,8 +75,3 @@ def launch(name, function, grid, args):
 def blocks(count):
     """Blocks of THREADS threads that cover ``count`` threads."""
     return math.ceil(count / THREADS)
-
-
-def heads(x):
-    """(..., N, W) -> contiguous (H, N, W), H the product of the leading axes."""
-    return array_module(x).ascontiguousarray(x.reshape(math.prod(x.shape[:-2]), *x.shape[-2:]))

@@ -1,5 +1,5 @@
 // One step of causal linear attention as an RNN, for many sequences at once (batched
-// decoding): Eq. (16)-(19) of Katharopoulos et al. (2020), arXiv:2006.16236, on positive
+// decoding): Eq. (16)-(20) of Katharopoulos et al. (2020), arXiv:2006.16236, on positive
 // features. Launched by linattn/cuda/step.py; its oracle is linattn/forms/recurrent.py::step.
 // The scalar type `real` is float or double, chosen with -DLINATTN_REAL=float|double.
 //
@@ -61,7 +61,7 @@ rnn_step(const real* q, const real* k, const real* v, const real* s, const real*
         if (g == 0 && col < m) {
             real total = 0;
             for (int i = 0; i < GROUPS; ++i) total += num[i][x];
-            out[col] = total / den;                  // Eq. (19), attention part
+            out[col] = total / den;                  // Eq. (20), attention part
         }
         __syncthreads();
     }

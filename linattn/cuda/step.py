@@ -1,4 +1,4 @@
-"""One RNN step of causal linear attention for many sequences at once on the GPU: Eq. (16)-(19)
+"""One RNN step of causal linear attention for many sequences at once on the GPU: Eq. (16)-(20)
 of Katharopoulos et al. (2020), arXiv:2006.16236, as one kernel (``rnn_step`` in rnn_step.cu)
 that streams the state S through once. This is ``linattn.linear_attention_step`` with
 ``backend="cupy"``. Oracle: ``linattn.forms.recurrent.step``.
@@ -7,6 +7,8 @@ import math
 
 from ..forms.recurrent import State
 from . import launch
+
+FUSED_FEATURE_MAPS = ()  # every feature map is applied before the kernel
 
 
 def step(phi_q, phi_k, v, state, eps):

@@ -13,6 +13,8 @@ from .._checks import array_module
 from .normaliser import normalised, normalised_backward
 from .quadratic import masked
 
+FUSED_FEATURE_MAPS = ()  # every feature map is applied before the kernel
+
 DEFAULT_CHUNK_SIZE = 32  # see linear_attention's chunk_size
 
 
@@ -43,9 +45,10 @@ def _exclusive_cumsum(x, reverse=False):
 def product(phi_q, phi_k, v, causal, chunk_size):
     """out_i = phi_q_i^T sum_{j <= i} phi_k_j v_j^T (all j if not causal), block by block.
 
-    Shapes: phi_q, phi_k (..., N, F); v (..., N, M) -> out (..., N, M).
+    Shapes: phi_q (..., Nq, F), phi_k (..., Nk, F), v (..., Nk, M) -> out (..., Nq, M);
+    Nq == Nk when causal.
     """
-    n = v.shape[-2]
+    n = phi_q.shape[-2]
     q, k, vb = (_blocks(x, chunk_size) for x in (phi_q, phi_k, v))  # (..., B, C, F|M)
     kv = k.swapaxes(-1, -2) @ vb                        # (..., B, F, M): each block's K_b^T V_b
     if not causal:
@@ -62,7 +65,7 @@ def product_backward(dout, phi_q, phi_k, v, causal, chunk_size):
     A_b = tril(Q_b K_b^T), dA_b = tril(dout_b V_b^T):
     dQ_b = dA_b K_b + dout_b S_b^T, dK_b = dA_b^T Q_b + V_b G_b^T, dV_b = A_b^T dout_b + K_b G_b.
     """
-    n = v.shape[-2]
+    n_q, n_k = phi_q.shape[-2], phi_k.shape[-2]
     q, k, vb, do = (_blocks(x, chunk_size) for x in (phi_q, phi_k, v, dout))
     kv = k.swapaxes(-1, -2) @ vb                        # (..., B, F, M)
     qdo = q.swapaxes(-1, -2) @ do                       # (..., B, F, M)
@@ -76,13 +79,13 @@ def product_backward(dout, phi_q, phi_k, v, causal, chunk_size):
         dq = da @ k + do @ s.swapaxes(-1, -2)
         dk = da.swapaxes(-1, -2) @ q + vb @ g.swapaxes(-1, -2)
         dv = a.swapaxes(-1, -2) @ do + k @ g
-    return _unblocks(dq, n), _unblocks(dk, n), _unblocks(dv, n)
+    return _unblocks(dq, n_q), _unblocks(dk, n_k), _unblocks(dv, n_k)
 
 
 def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=DEFAULT_CHUNK_SIZE):
     """Normalised linear attention, Eq. (5) / (9), in blocks of ``chunk_size`` positions.
 
-    Shapes (..., N, F), (..., N, M) -> (..., N, M). Cost: O(N C (F + M) + N F M) time.
+    Shapes (..., Nq, F), (..., Nk, F), (..., Nk, M) -> (..., Nq, M). Cost: O(N C (F + M) + N F M) time.
     """
     return normalised(product, phi_q, phi_k, v, eps, causal=causal, chunk_size=chunk_size)
 

@@ -8,6 +8,8 @@ loops below are the paper's "causal product" alone. Oracle: ``quadratic``.
 from .._checks import array_module
 from .normaliser import normalised, normalised_backward
 
+FUSED_FEATURE_MAPS = ()  # every feature map is applied before the kernel
+
 
 def product(phi_q, phi_k, v, causal):
     """out_i = phi_q_i^T S_i with S_i = sum_{j <= i} phi_k_j v_j^T (all j if not causal).

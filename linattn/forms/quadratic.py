@@ -6,6 +6,8 @@ This is the oracle: every other method and backend is tested against it.
 """
 from .._checks import array_module
 
+FUSED_FEATURE_MAPS = ()  # every feature map is applied before the kernel
+
 
 def masked(a, causal):
     """``a`` (..., N, N) with zeros above the diagonal if causal (where, not *: 0 * NaN)."""

@@ -1,5 +1,5 @@
 """Linear attention as an RNN, section 3.4 of Katharopoulos et al. (2020), arXiv:2006.16236:
-the state (S, z) of Eq. (16)-(18) updated one position at a time and read out by Eq. (19)'s
+the state (S, z) of Eq. (16)-(19) updated one position at a time and read out by Eq. (20)'s
 attention part. This is ``method="recurrent"``: a scan of ``step`` over the sequence.
 
 ``linattn.linear_attention_step`` is ``step`` behind the feature map and input checks.
@@ -9,9 +9,11 @@ from typing import NamedTuple
 
 from .._checks import array_module
 
+FUSED_FEATURE_MAPS = ()  # every feature map is applied before the kernel
+
 
 class State(NamedTuple):
-    """The recurrent state of linear attention after positions 1..i, Eq. (16)-(18).
+    """The recurrent state of linear attention after positions 1..i, Eq. (16)-(19).
 
     S : ndarray, shape (..., F, M)
         Attention memory, sum_j phi(k_j) v_j^T.
@@ -24,18 +26,18 @@ class State(NamedTuple):
 
 
 def zero_state(lead, f, m, dtype, xp):
-    """The empty memory s_0 = 0, z_0 = 0 of Eq. (16), for leading shape ``lead``."""
+    """The empty memory s_0 = 0, z_0 = 0 of Eq. (16)-(17), for leading shape ``lead``."""
     return State(xp.zeros((*lead, f, m), dtype=dtype), xp.zeros((*lead, f), dtype=dtype))
 
 
 def update(state, phi_k, v):
-    """s_i = s_{i-1} + phi(k_i) v_i^T, z_i = z_{i-1} + phi(k_i): Eq. (17)-(18).
+    """s_i = s_{i-1} + phi(k_i) v_i^T, z_i = z_{i-1} + phi(k_i): Eq. (18)-(19).
     phi_k (..., F), v (..., M)."""
     return State(state.S + phi_k[..., :, None] * v[..., None, :], state.z + phi_k)
 
 
 def readout(phi_q, state, eps):
-    """phi(q)^T S / (phi(q)^T z + eps) for queries phi_q (..., N, F) -> (..., N, M), Eq. (19)."""
+    """phi(q)^T S / (phi(q)^T z + eps) for queries phi_q (..., N, F) -> (..., N, M), Eq. (20)."""
     num = phi_q @ state.S                                  # (..., N, M)
     den = phi_q @ state.z[..., :, None] + eps              # (..., N, 1)
     return num / den

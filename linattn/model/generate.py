@@ -2,7 +2,7 @@
 arXiv:2006.16236.
 
 - ``"recurrent"`` (linear models): the transformer as an RNN. Each layer and head carries
-  its state (S, z) of Eq. (16)-(18); a new token costs one ``linear_attention_step`` per
+  its state (S, z) of Eq. (16)-(19); a new token costs one ``linear_attention_step`` per
   layer, O(d_model^2 + d_model d_head) time and constant memory, whatever its position.
 - ``"cache"`` (softmax models): keys and values of earlier positions are kept, and the new
   query attends to them: O(t d_model) time and memory at position t.
@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..linear import linear_attention_step
+from ..softmax import softmax_attention
 from .attention import merge_heads, split_heads
 from .layers import layer_norm, linear
 from .transformer import block_params, embed, forward, mlp
@@ -30,26 +31,20 @@ class KVCache(NamedTuple):
     v: np.ndarray
 
 
-def _softmax_row(q, k, v):
-    """The last row of causal softmax attention, Eq. (8): one query q (..., 1, D) against
-    the keys and values k, v (..., t + 1, D) of positions 0..t, all visible. O(t D)."""
-    logits = (q @ k.swapaxes(-1, -2)) * q.dtype.type(q.shape[-1] ** -0.5)  # (..., 1, t + 1)
-    p = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return (p / p.sum(axis=-1, keepdims=True)) @ v                       # (..., 1, D)
-
-
 def _attend_one(p, h, cfg, memory, t):
     """Attention output for position t alone: h (B, 1, d_model) -> (B, 1, d_model), and the
     updated memory (a ``State`` for linear attention, a ``KVCache`` for softmax)."""
     q, k, v = (split_heads(linear(h, p["w" + n], p["b" + n]), cfg.n_heads) for n in "qkv")
     if cfg.attention == "linear":
-        # Eq. (17)-(19): S_t = S_{t-1} + phi(k_t) v_t^T, z_t = z_{t-1} + phi(k_t), readout
+        # Eq. (18)-(20): S_t = S_{t-1} + phi(k_t) v_t^T, z_t = z_{t-1} + phi(k_t), readout
         out, memory = linear_attention_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], memory,
                                             feature_map=cfg.feature_map)
         out = out[:, :, None, :]                                  # (B, H, 1, d_head)
     else:
         memory.k[:, :, t], memory.v[:, :, t] = k[:, :, 0], v[:, :, 0]
-        out = _softmax_row(q, memory.k[:, :, :t + 1], memory.v[:, :, :t + 1])
+        # the last row of causal softmax, Eq. (8): one query against the keys of 0..t, all
+        # visible, so no mask: cross-attention with Nq = 1, O(t d_head)
+        out = softmax_attention(q, memory.k[:, :, :t + 1], memory.v[:, :, :t + 1])
     return linear(merge_heads(out), p["wo"], p["bo"]), memory
 
 
@@ -146,7 +141,7 @@ def generate(params, cfg, prompt, n_new, *, method="auto", temperature=0.0, seed
             tokens[:, t] = sample(logits[:, -1], temperature, rng)
         return tokens
     if method == "recurrent":
-        memories = (None,) * cfg.n_layers               # s_0 = z_0 = 0, Eq. (16)
+        memories = (None,) * cfg.n_layers               # s_0 = z_0 = 0, Eq. (16)-(17)
     else:
         shape = (b, cfg.n_heads, total, cfg.d_head)
         memories = tuple(KVCache(np.zeros(shape, cfg.dtype), np.zeros(shape, cfg.dtype))

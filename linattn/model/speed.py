@@ -11,7 +11,7 @@ cost grows as (t / T)^p with the form's exponent p in ``GROWTH`` (0 for the RNN,
 cache, 2 for recomputing). Rows say whether they were measured or estimated.
 Timing only; correctness is in the tests.
 """
-import time
+import timeit
 
 import numpy as np
 
@@ -42,16 +42,13 @@ def _token_seconds(params, cfg, method, b, t, repeats=3):
                        for _ in range(cfg.n_layers))
     else:
         memory = (None,) * cfg.n_layers
-    best = np.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
+    def one_token():
         if method == "recompute":
             logits = forward(params, cfg, tokens)[0][:, -1]
         else:
             logits, _ = step(params, cfg, tokens[:, t], t, memory)
         sample(logits, 1.0, rng)
-        best = min(best, time.perf_counter() - start)
-    return best
+    return min(timeit.repeat(one_token, number=1, repeat=repeats))
 
 
 def estimate_seconds(params, cfg, method, b, n, points=6):
@@ -94,9 +91,9 @@ def generation_speed(lengths=(64, 1024, 8192), batch_size=16, budget_s=60.0):
             measured = seconds <= budget_s
             if measured:
                 prompt = np.zeros((batch_size, 1), dtype=np.int64)
-                start = time.perf_counter()
-                generate(params, cfg, prompt, n - 1, method=method, temperature=1.0)
-                seconds = time.perf_counter() - start
+                seconds = timeit.timeit(lambda: generate(params, cfg, prompt, n - 1,
+                                                         method=method, temperature=1.0),
+                                        number=1)
             by_method[method] = seconds
             rows.append(dict(N=n, attention=attention, method=method, batch=batch_size,
                              seconds=seconds, sequences_per_s=batch_size / seconds,

@@ -8,11 +8,11 @@ training j more gives the same parameters as k + j steps without a stop.
 """
 import csv
 import os
-import sys
 import time
 from typing import NamedTuple
 
 import numpy as np
+from tqdm import tqdm
 
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ModelConfig
@@ -90,14 +90,6 @@ def _open_log(path, step, resume):
     return log, writer, float(rows[-1][2]) if rows else 0.0
 
 
-def _progress(step, total, loss, tokens_per_s, eval_text):
-    width = 24
-    filled = int(width * step / max(total, 1))
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {step}/{total} "
-                     f"loss {loss:.4f} {tokens_per_s:,.0f} tok/s{eval_text}   ")
-    sys.stderr.flush()
-
-
 def run(cfg, task, train_cfg, adam=AdamConfig(), out_dir=None, resume=False,
         progress=False, meta=None):
     """Train ``cfg`` on ``task`` for ``train_cfg.steps`` updates in total.
@@ -136,6 +128,7 @@ def run(cfg, task, train_cfg, adam=AdamConfig(), out_dir=None, resume=False,
                            if out_dir else (None, None, 0.0))
     held_out = held_out_batches(task, train_cfg)
     start, t0, eval_text = opt_state.step, time.perf_counter(), ""
+    bar = tqdm(total=train_cfg.steps, initial=start, disable=not progress, unit="step")
     tokens_per_step = train_cfg.batch_size * task.seq_len
     try:
         while opt_state.step < train_cfg.steps:
@@ -154,14 +147,13 @@ def run(cfg, task, train_cfg, adam=AdamConfig(), out_dir=None, resume=False,
                               or step == train_cfg.steps):
                 save_checkpoint(ckpt_path, cfg, params, opt_state, meta)
                 log.flush()
-            if progress:
-                rate = (step - start) * tokens_per_step / max(elapsed, 1e-9)
-                _progress(step, train_cfg.steps, loss, rate, eval_text)
+            rate = (step - start) * tokens_per_step / max(elapsed, 1e-9)
+            bar.set_postfix_str(f"loss {loss:.4f} {rate:,.0f} tok/s{eval_text}", refresh=False)
+            bar.update()
     finally:
         if log:
             log.close()
-        if progress:
-            sys.stderr.write("\n")
+        bar.close()
     return params, opt_state
 
 

@@ -1,8 +1,8 @@
-"""The Numba CPU backend: compiled kernels for linear attention (Eq. 5, 9-15, 16-19) and
+"""The Numba CPU backend: compiled kernels for linear attention (Eq. 5, 9-15, 16-20) and
 softmax attention (Eq. 2, 8) of Katharopoulos et al. (2020), arXiv:2006.16236.
 
 Same functions and signatures as the NumPy forms, which are its oracle; the public functions
-validate once and dispatch here (``linear._kernel``, ``softmax._kernel``).
+validate once and ``linattn.dispatch`` picks a module here.
 
 - ``loops``     method "linear" (and "recurrent"): the running sums as compiled loops,
                 ``products.causal_product`` and ``global_product``.
@@ -10,9 +10,8 @@ validate once and dispatch here (``linear._kernel``, ``softmax._kernel``).
                 products called from the compiled loops (Numba reaches BLAS through SciPy).
 - ``blas``      ``gemm``: a matrix product added into an array (BLAS's beta), from compiled
                 code.
-- ``FORMS``     which module runs each method; "auto" is the blocks, measured faster.
 - ``elu``       elu+1 (Eq. 7) and its derivative with a vectorisable exp.
-- ``step``      one RNN step, Eq. (16)-(19), in one call.
+- ``step``      one RNN step, Eq. (16)-(20), in one call.
 - ``softmax``   softmax attention forward and backward in O(N) memory per worker.
 
 All take ``elu=True`` to apply the paper's feature map, elu+1 (Eq. 7), themselves, to raw q
@@ -22,16 +21,14 @@ instead of compiling; no ``fastmath`` (NaN and inf propagate as in NumPy); float
 float32 inside the loops; parallel over the flattened batch x heads and, when they do not
 share out evenly over the threads, over blocks of the state (loops) or segments of the
 sequence (chunked).
-"""
-from . import chunked, loops
 
-# "auto" is the blocks. Measured on a 2-core AMD EPYC (float32, N = 4096, default chunk
-# size, forward + backward; the crossover table of ``python -m linattn bench`` repeats it on
-# any machine): the blocks beat the loops at every width tried, at 8 heads by 1.4x at
-# D = M = 16, 2.1-2.4x at 32 to 128 and 1.6x at 256, at 1 head by 1.3x at 16, 2.2x at 64
-# and 1.6x at 256.
-# Non-causal, the same blocks with the whole row's state: 2.0-4.2x faster than the loops at
-# 1 and 8 heads, D = M = 16 to 256 (and 1.3-1.7x faster than causal up to D = M = 64 at 8
-# heads; as fast beyond, where the state's products are all the work). NumPy's two products
-# S = K^T [V, 1], out = Q S, which they replace, ran 2.5-3.7x slower at D = M = 64.
-FORMS = {"linear": loops, "recurrent": loops, "chunked": chunked, "auto": chunked}
+Why method "auto" is the blocks (``dispatch.AUTO_METHOD``), measured on a 2-core AMD EPYC
+(float32, N = 4096, default chunk size, forward + backward; the crossover table of ``python -m linattn bench`` repeats it on
+any machine): the blocks beat the loops at every width tried, at 8 heads by 1.4x at
+D = M = 16, 2.1-2.4x at 32 to 128 and 1.6x at 256, at 1 head by 1.3x at 16, 2.2x at 64
+and 1.6x at 256.
+Non-causal, the same blocks with the whole row's state: 2.0-4.2x faster than the loops at
+1 and 8 heads, D = M = 16 to 256 (and 1.3-1.7x faster than causal up to D = M = 64 at 8
+heads; as fast beyond, where the state's products are all the work). NumPy's two products
+S = K^T [V, 1], out = Q S, which they replace, ran 2.5-3.7x slower at D = M = 64.
+"""

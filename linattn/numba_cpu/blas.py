@@ -7,65 +7,19 @@ a block's output, out = phi_q S, then out += tril(phi_q phi_k^T) v (Eq. 9). With
 into a temporary and a separate add, each block reads and writes a (D, M) or (C, M) array
 once more and allocates it; at C = 16, D = M = 64 that was 20% of the backward's time.
 BLAS gemm computes alpha a b + beta c in one call, so ``gemm`` hands beta through, using
-the same entry point as Numba's own ``np.dot`` (``numba_xxgemm``, SciPy's BLAS).
+the same entry point as Numba's own ``np.dot`` (``numba_xxgemm``, SciPy's BLAS), reached
+through ``_internals``. Where that private API is missing (``NATIVE`` is False), ``gemm`` is
+plain compiled loops: the same results, several times slower.
 Oracle: NumPy's a @ b + beta * out (``test_numba_cpu``).
 """
-from llvmlite import ir
-from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
-from numba.np.linalg import check_blas_return, ensure_blas, get_blas_kind
+import numpy as np
+from numba import njit
 
-
-@intrinsic
-def _xxgemm(typingctx, a, b, out, beta):
-    """BLAS ?gemm for a (m, k) @ b (k, n) into out (m, n), C- or F-ordered a and b, C-ordered
-    out, all of one float dtype, every dimension > 0."""
-    arrays = (a, b, out)
-    if not (all(isinstance(x, types.Array) and x.ndim == 2 and x.dtype == out.dtype
-                for x in arrays) and out.dtype in (types.float32, types.float64)
-            and out.layout == "C" and a.layout in "CF" and b.layout in "CF"
-            and isinstance(beta, (types.Float, types.Integer))):
-        return None
-    ensure_blas()
-
-    def codegen(context, builder, signature, args):
-        char, void_p = ir.IntType(8), ir.IntType(8).as_pointer()
-        intp = context.get_value_type(types.intp)
-        fnty = ir.FunctionType(ir.IntType(32), [char, char, char, intp, intp, intp, void_p,
-                                                void_p, intp, void_p, intp, void_p, void_p,
-                                                intp])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "numba_xxgemm")
-        dtype = out.dtype
-
-        def operand(ty, value):
-            """(transpose flag, leading dimension, data) of one array for column-major BLAS:
-            a C-ordered (r, c) array is a column-major (c, r) one."""
-            array = context.make_array(ty)(context, builder, value)
-            rows, cols = cgutils.unpack_tuple(builder, array.shape, 2)
-            flag = ir.Constant(char, ord("n" if ty.layout == "C" else "t"))
-            return flag, cols if ty.layout == "C" else rows, builder.bitcast(array.data, void_p)
-
-        def slot(value):
-            return builder.bitcast(cgutils.alloca_once_value(builder, value), void_p)
-
-        # row-major out = a b is column-major out^T = b^T a^T: BLAS gets b first
-        trans_b, ld_b, data_b = operand(b, args[1])
-        trans_a, ld_a, data_a = operand(a, args[0])
-        _, ld_out, data_out = operand(out, args[2])
-        m, k = cgutils.unpack_tuple(builder, context.make_array(a)(context, builder,
-                                                                   args[0]).shape, 2)
-        n = cgutils.unpack_tuple(builder, context.make_array(b)(context, builder,
-                                                                args[1]).shape, 2)[1]
-        alpha = slot(context.get_constant(dtype, 1.0))
-        beta_value = slot(context.cast(builder, args[3], signature.args[3], dtype))
-        kind = ir.Constant(char, ord(get_blas_kind(dtype)))
-        status = builder.call(fn, (kind, trans_b, trans_a, n, m, k, alpha, data_b, ld_b,
-                                   data_a, ld_a, beta_value, data_out, ld_out))
-        check_blas_return(context, builder, status)
-        return context.get_dummy_value()
-
-    return types.void(a, b, out, beta), codegen
+try:
+    from ._internals import xxgemm     # Numba's private BLAS entry (see _internals)
+except ImportError:
+    xxgemm = None
+NATIVE = xxgemm is not None
 
 
 @njit(cache=True, error_model="numpy")
@@ -84,4 +38,27 @@ def gemm(a, b, out, beta):
         else:
             out *= beta
         return
-    _xxgemm(a, b, out, beta)
+    _product(a, b, out, beta)
+
+
+@njit(cache=True, error_model="numpy")
+def _blas(a, b, out, beta):
+    xxgemm(a, b, out, beta)
+
+
+@njit(cache=True, error_model="numpy")
+def _loops(a, b, out, beta):
+    """out = a b + beta out by loops, the fallback: row i of out gets a[i, l] b[l] for each l
+    (vectorised along out's row)."""
+    row = np.empty(out.shape[1], dtype=out.dtype)
+    for i in range(out.shape[0]):
+        row[:] = 0
+        for l in range(a.shape[1]):
+            a_il = a[i, l]
+            for j in range(out.shape[1]):
+                row[j] += a_il * b[l, j]
+        for j in range(out.shape[1]):
+            out[i, j] = row[j] if beta == 0 else row[j] + beta * out[i, j]
+
+
+_product = _blas if NATIVE else _loops

@@ -41,7 +41,10 @@ from numba import njit, prange
 
 from . import elu as elu_map
 from .blas import gemm
-from .normaliser import rows as as_rows
+from .._checks import rows as as_rows
+from ..feature_maps import EluPlusOne
+
+FUSED_FEATURE_MAPS = (EluPlusOne,)  # applied by the kernel itself to raw q, k (elu=True)
 
 FORWARD, DQ, DKV = 0, 1, 2       # the sweeps: attention; dphi_q; dphi_k and dv (reversed)
 # C, measured at D = M = 64, N = 4096, float32, 8 heads on 2 cores (forward + backward
@@ -300,14 +303,18 @@ def sweep(stage, causal, x_q, x_k, v, dout, eps, elu, out, norms, dq, dk, dv, bl
     unit per row and segment of ``bounds`` (``segments``). Not ``causal``, every unit first
     sums the state of the whole row, and each block reads it.
 
-    Shapes: x_q, x_k (R, N, D); v (R, N, M); dout, out (R, N, M); norms (R, N, 2);
-    dq, dk (R, N, D); dv (R, N, M); arrays a sweep does not use may be empty.
+    Shapes: x_q (R, Nq, D), x_k (R, Nk, D); v (R, Nk, M); dout, out (R, Nq, M); norms
+    (R, Nq, 2); dq (R, Nq, D), dk (R, Nk, D); dv (R, Nk, M); Nq == Nk when causal; arrays a
+    sweep does not use may be empty. ``bounds`` cuts the blocks of the positions it walks.
     Cost: O(R N (D M + C (D + M))) time, plus O(R N D M) to start segments after the
     first; O(D M + C (C + D + M)) memory per unit, never a state per position.
     """
-    rows, n, d = x_q.shape
-    m = v.shape[2]
+    rows, d, m = x_q.shape[0], x_q.shape[2], v.shape[2]
     reverse = stage == DKV
+    # blocks walk the queries (FORWARD, DQ) or the keys (DKV); the state sums the other side.
+    # Causal, both are the one sequence; not causal, they may differ (cross-attention).
+    n_q, n_k = x_q.shape[1], x_k.shape[1]
+    n, n_state = (n_k, n_q) if reverse else (n_q, n_k)
     blocks, n_segments = -(-n // block), bounds.size - 1
     # the increments before a segment in products of up to ``group`` positions, not C
     group = max(1, (SINGLE_THREAD_PRODUCT - 1) // max(1, d * m))
@@ -318,7 +325,7 @@ def sweep(stage, causal, x_q, x_k, v, dout, eps, elu, out, norms, dq, dk, dv, bl
         # (not causal: over the whole row)
         lo, hi = (blocks - bounds[s]) * block, n
         if not causal:
-            lo = 0
+            lo, hi = 0, n_state
         elif not reverse:
             lo, hi = 0, min(n, bounds[s] * block)
         for g0 in range(lo, hi, group):
@@ -341,26 +348,30 @@ def sweep(stage, causal, x_q, x_k, v, dout, eps, elu, out, norms, dq, dk, dv, bl
                 _dkv(x_q, x_k, v, dout, elu, norms, dk, dv, r, i0, i1, S, z)
 
 
-def _sweeps(x_q, x_k, v, chunk_size, causal):
-    """(rows of x_q, x_k, v, block length, segment bounds): what every sweep shares."""
+def _sweeps(x_q, x_k, v, chunk_size):
+    """(rows of x_q, x_k, v, block length): what every sweep shares."""
     q, k, v_rows = as_rows(x_q), as_rows(x_k), as_rows(v)
-    rows, n, d = q.shape
-    block = block_length(chunk_size, d, v_rows.shape[-1])
-    return q, k, v_rows, block, segments(rows, -(-n // block), causal)
+    return q, k, v_rows, block_length(chunk_size, q.shape[-1], v_rows.shape[-1])
+
+
+def _bounds(x, block, causal):
+    """The segment bounds of a sweep whose blocks walk the positions of ``x`` (R, N, W)."""
+    return segments(x.shape[0], -(-x.shape[1] // block), causal)
 
 
 def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=DEFAULT_CHUNK_SIZE,
            elu=False):
     """Normalised linear attention, Eq. (5) / (9)-(12), by blocked matrix products.
-    Shapes (..., N, F), (..., N, M) -> (..., N, M); raw q, k with ``elu``.
+    Shapes (..., Nq, F), (..., Nk, F), (..., Nk, M) -> (..., Nq, M); raw q, k with ``elu``.
 
     Cost: O(N (F M + C (F + M))) time, O(N M) memory: the output, nothing more.
     """
-    q, k, v_rows, block, bounds = _sweeps(phi_q, phi_k, v, chunk_size, causal)
-    out, none = np.empty_like(v_rows), np.empty((0, 0, 0), dtype=v.dtype)
+    q, k, v_rows, block = _sweeps(phi_q, phi_k, v, chunk_size)
+    out = np.empty((*q.shape[:-1], v.shape[-1]), dtype=v.dtype)          # (R, Nq, M)
+    none = np.empty((0, 0, 0), dtype=v.dtype)
     sweep(FORWARD, causal, q, k, v_rows, none, v.dtype.type(eps), elu, out, none, none, none,
-          none, block, bounds)
-    return out.reshape(v.shape)
+          none, block, _bounds(q, block, causal))
+    return out.reshape((*phi_q.shape[:-1], v.shape[-1]))
 
 
 def attend_backward(dout, phi_q, phi_k, v, *, causal, eps,
@@ -371,12 +382,12 @@ def attend_backward(dout, phi_q, phi_k, v, *, causal, eps,
     Cost: about 2.6 forwards' flops at C = 16, D = M = 64; O(N (F + M)) memory: the
     gradients and (den, dden) (N, 2).
     """
-    q, k, v_rows, block, bounds = _sweeps(phi_q, phi_k, v, chunk_size, causal)
+    q, k, v_rows, block = _sweeps(phi_q, phi_k, v, chunk_size)
     dout_rows, eps = as_rows(dout), v.dtype.type(eps)
-    norms = np.empty((*v_rows.shape[:-1], 2), dtype=v.dtype)                # (den, dden)
+    norms = np.empty((*q.shape[:-1], 2), dtype=v.dtype)                     # (den, dden)
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v_rows)
     none = np.empty((0, 0, 0), dtype=v.dtype)
-    for stage in (DQ, DKV):
+    for stage, walked in ((DQ, q), (DKV, k)):
         sweep(stage, causal, q, k, v_rows, dout_rows, eps, elu, none, norms, dq, dk, dv,
-              block, bounds)
+              block, _bounds(walked, block, causal))
     return dq.reshape(phi_q.shape), dk.reshape(phi_k.shape), dv.reshape(v.shape)

@@ -9,7 +9,8 @@ exp(x), x <= 0, with arithmetic the compiler vectorises:
 with ln 2 split in two parts (the high part has few bits, so n ln2_hi is exact), exp(r) by
 its Taylor series to r^7 (float32) or r^13 (float64), whose remainder is below half an ulp
 on that interval, and 2^n written straight into a float's exponent bits (``_with_bits``; a
-table lookup would be a gather, twice as slow). Measured against exp in float64: within 1 ulp
+table lookup would be a gather, twice as slow; without Numba's private API, ``_internals``,
+the C library's exp is used instead). Measured against exp in float64: within 1 ulp
 (float64) and 1.21 ulp (float32) over the whole range; NaN stays NaN, -inf gives 0.
 ``phi`` and ``dphi`` are what kernels call; ``phi_into``, ``features`` and ``vjp_`` apply
 them to arrays.
@@ -19,9 +20,14 @@ import decimal
 import math
 
 import numpy as np
-from llvmlite import ir as llvm_ir
 from numba import njit, types
-from numba.extending import intrinsic, overload
+from numba.extending import overload
+
+try:
+    from ._internals import with_bits as _with_bits   # LLVM IR (see _internals)
+except ImportError:
+    _with_bits = None
+NATIVE = _with_bits is not None
 
 # ln 2 = hi + lo: hi keeps few bits, so n * hi is exact for every n used (|n| <= 1075), and
 # lo is the rest of ln 2 to 60 digits, rounded once; float32 uses a shorter hi
@@ -33,25 +39,6 @@ LN2_LO_32 = float(LN2 - decimal.Decimal(LN2_HI_32))
 # Taylor coefficients 1/k!, highest first (Horner)
 TAYLOR_64 = tuple(1 / math.factorial(k) for k in range(13, -1, -1))
 TAYLOR_32 = tuple(np.float32(c) for c in TAYLOR_64[-8:])
-
-
-@intrinsic
-def _with_bits(typingctx, bits, like):
-    """The float of ``like``'s type whose bit pattern is the integer ``bits`` (cut or
-    sign-extended to that width): 2^n from its exponent field, without a table lookup."""
-    if not (isinstance(bits, types.Integer) and isinstance(like, types.Float)):
-        return None
-
-    def codegen(context, builder, signature, args):
-        width = llvm_ir.IntType(like.bitwidth)
-        raw = args[0]
-        if bits.bitwidth > like.bitwidth:
-            raw = builder.trunc(raw, width)
-        elif bits.bitwidth < like.bitwidth:
-            raw = builder.sext(raw, width)
-        return builder.bitcast(raw, context.get_value_type(like))
-
-    return like(bits, like), codegen
 
 
 @njit(cache=True, error_model="numpy", inline="always")  # inlined: vectorises in loops
@@ -101,11 +88,18 @@ def dphi(x):
     return 1.0 if x > 0 else math.exp(x)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _libm_exp(x):
+    """exp(x) by the C library, one call an element: the fallback without ``_internals``."""
+    return math.exp(x)
+
+
 def _typed(x):
     """(1 in x's type, the exp for x's type) for a Numba float type."""
-    if x == types.float32:
-        return np.float32(1), _exp32
-    return 1.0, _exp64
+    one = np.float32(1) if x == types.float32 else 1.0
+    if not NATIVE:
+        return one, _libm_exp
+    return one, (_exp32 if x == types.float32 else _exp64)
 
 
 @overload(phi)

@@ -10,6 +10,9 @@ import math
 import numba
 
 from . import normaliser, products
+from ..feature_maps import EluPlusOne
+
+FUSED_FEATURE_MAPS = (EluPlusOne,)  # applied by the kernel itself to raw q, k (elu=True)
 
 MIN_BLOCK = 16  # rows or columns of the state per unit
 

@@ -9,31 +9,27 @@ normalised by c_i^T sum_j a_j + eps (also written to ``den``) when ``eps`` is no
 ``attend`` and ``attend_backward`` take (..., N, W) arrays in the compute dtype and make
 the rows. NumPy's ``forms.normaliser`` is the oracle.
 """
-import math
-
 import numpy as np
 from numba import njit
+
+from .._checks import rows
 
 from .elu import features, vjp_
 
 
-def rows(x):
-    """(..., N, W) -> (R, N, W), C-contiguous: R rows of batch x heads."""
-    return np.ascontiguousarray(x.reshape(math.prod(x.shape[:-2]), *x.shape[-2:]))
-
-
 def attend(product, phi_q, phi_k, v, eps, elu=False):
-    """out_i = phi_q_i^T S_i / (phi_q_i^T z_i + eps): one normalised product, (..., N, M).
+    """out_i = phi_q_i^T S_i / (phi_q_i^T z_i + eps): one normalised product,
+    (..., Nq, F), (..., Nk, F), (..., Nk, M) -> (..., Nq, M).
 
     With ``elu``, phi_q and phi_k are the raw q and k, and elu+1 is applied here.
     """
     q, k, v_rows = rows(phi_q), rows(phi_k), rows(v)
     if elu:
         q, k = features(q), features(k)
-    out = np.empty_like(v_rows)
-    den = np.empty(v_rows.shape[:-1], dtype=v.dtype)
+    out = np.empty((*q.shape[:-1], v.shape[-1]), dtype=v.dtype)   # (R, Nq, M)
+    den = np.empty(q.shape[:-1], dtype=v.dtype)
     product(k, v_rows, q, reverse=False, eps=eps, out=out, den=den)
-    return out.reshape(v.shape)
+    return out.reshape((*phi_q.shape[:-1], v.shape[-1]))
 
 
 def attend_backward(product, dout, phi_q, phi_k, v, eps, elu=False):
@@ -49,8 +45,8 @@ def attend_backward(product, dout, phi_q, phi_k, v, eps, elu=False):
     """
     x_q, x_k, v_rows = rows(phi_q), rows(phi_k), rows(v)
     q, k = (features(x_q), features(x_k)) if elu else (x_q, x_k)
-    out = np.empty_like(v_rows)
-    den = np.empty(v_rows.shape[:-1], dtype=v.dtype)
+    out = np.empty((*q.shape[:-1], v.shape[-1]), dtype=v.dtype)     # (R, Nq, M)
+    den = np.empty(q.shape[:-1], dtype=v.dtype)
     product(k, v_rows, q, reverse=False, eps=eps, out=out, den=den)   # recompute out, den
     dnum1, v1 = _backward_inputs(rows(dout), out, den, v_rows)
     del out
@@ -64,27 +60,29 @@ def attend_backward(product, dout, phi_q, phi_k, v, eps, elu=False):
 
 
 def _backward_inputs(dout, out, den, v):
-    dnum1 = np.empty((*v.shape[:-1], v.shape[-1] + 1), dtype=v.dtype)
-    v1 = np.empty_like(dnum1)
+    dnum1 = np.empty((*dout.shape[:-1], v.shape[-1] + 1), dtype=v.dtype)   # (R, Nq, M + 1)
+    v1 = np.empty((*v.shape[:-1], v.shape[-1] + 1), dtype=v.dtype)         # (R, Nk, M + 1)
     _fill_backward_inputs(dout, out, den, v, dnum1, v1)
     return dnum1, v1
 
 
 @njit(cache=True, error_model="numpy")
 def _fill_backward_inputs(dout, out, den, v, dnum1, v1):
-    """dnum1 = [dout / den, -dout . out / den] and v1 = [v, 1], row by row. (R, N, M + 1).
+    """dnum1 = [dout / den, -dout . out / den] (R, Nq, M + 1) and v1 = [v, 1] (R, Nk, M + 1).
 
     Serial, like every pass here but the products: it is memory-bound, and idle Numba
     threads would spin beside the BLAS threads of the matrix-product form.
     """
-    rows, n, m = v.shape
-    one = v.dtype.type(1)
-    for r, i in np.ndindex(rows, n):
+    rows, n_q, m = dout.shape
+    for r, i in np.ndindex(rows, n_q):
         d = den[r, i]
         dot = v.dtype.type(0)
         for j in range(m):
             dnum1[r, i, j] = dout[r, i, j] / d
             dot += dout[r, i, j] * out[r, i, j]
-            v1[r, i, j] = v[r, i, j]
         dnum1[r, i, m] = -dot / d                  # the normaliser's gradient
+    one = v.dtype.type(1)
+    for r, i in np.ndindex(rows, v.shape[1]):
+        for j in range(m):
+            v1[r, i, j] = v[r, i, j]
         v1[r, i, m] = one

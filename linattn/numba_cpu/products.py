@@ -8,7 +8,8 @@ is three more products of the same shape (see ``normaliser``), so these two loop
 Numba backend computes. With ``eps >= 0`` the loops also normalise, Eq. (12):
 out_i /= c_i^T z_i + eps with z_i = sum_j a_j, and write that denominator to ``den``.
 
-Layout: a, c (R, N, A); b (R, N, >= B); out (R, N, B); den (R, N); R rows are the flattened
+Layout: a, c (R, N, A); b (R, N, >= B); out (R, N, B); den (R, N) (the global product reads
+out c of any length Nc: out (R, Nc, B), den (R, Nc)); R rows are the flattened
 batch x heads. Work is split into R x ``n_blocks`` units, each owning a block of the state
 (rows of A for the causal scan, columns of B for the global sums), so two cores stay busy
 even at R = 1. The inner loops run along b's columns (SIMD, no reduction), with two partial
@@ -130,11 +131,12 @@ def global_product(a, b, c, eps, out, den, n_blocks):
                     s_row[m] += af * b_j[m]                # S = sum_j a_j b_j^T, Eq. (6)
                 if blk == 0:
                     z[r, f] += af                          # z = sum_j a_j
-    span = -(-n // n_blocks)
+    n_c = c.shape[1]                                       # readouts: c may be longer or shorter
+    span = -(-n_c // n_blocks)
     for unit in prange(rows * n_blocks):
         r, blk = divmod(np.int64(unit), n_blocks)
         acc = np.empty((2, width_b), dtype=out.dtype)
-        for i in range(blk * span, min(n, (blk + 1) * span)):
+        for i in range(blk * span, min(n_c, (blk + 1) * span)):
             c_i, out_i = c[r, i], out[r, i]
             acc[:] = 0
             d = eps

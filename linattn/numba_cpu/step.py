@@ -1,4 +1,4 @@
-"""One step of the RNN, Eq. (16)-(19) of Katharopoulos et al. (2020), arXiv:2006.16236, as one
+"""One step of the RNN, Eq. (16)-(20) of Katharopoulos et al. (2020), arXiv:2006.16236, as one
 compiled call: feature map (elu+1, Eq. 7, when ``elu``), state update, readout and normaliser.
 Same signature and result as ``forms.recurrent.step``, its oracle.
 
@@ -13,6 +13,9 @@ from numba import njit
 
 from ..forms.recurrent import State
 from .elu import phi_into
+from ..feature_maps import EluPlusOne
+
+FUSED_FEATURE_MAPS = (EluPlusOne,)  # applied by the kernel itself to raw q, k (elu=True)
 
 
 def step(phi_q, phi_k, v, state, eps, elu=False):
@@ -42,8 +45,8 @@ def step(phi_q, phi_k, v, state, eps, elu=False):
 
 @njit(cache=True, error_model="numpy")
 def _step(q, k, v, s, z, eps, elu):
-    """For each leading index r: s_new = s + phi(k) v^T, z_new = z + phi(k)   Eq. (17)-(18)
-    and out = phi(q)^T s_new / (phi(q)^T z_new + eps)                          Eq. (19).
+    """For each leading index r: s_new = s + phi(k) v^T, z_new = z + phi(k)   Eq. (18)-(19)
+    and out = phi(q)^T s_new / (phi(q)^T z_new + eps)                          Eq. (20).
     C-contiguous q, k (..., F), v (..., M), s (..., F, M), z (..., F); returns new arrays
     (out, s_new, z_new) of v's, s's and z's shapes; s and z are not changed."""
     f_width, m_width = k.shape[-1], v.shape[-1]

@@ -1,0 +1,147 @@
+"""The one dispatch table: which backend module computes each public function.
+
+Every public function takes the same path:
+
+    public function (linear.py, softmax.py, lsh.py)
+      -> _checks          every argument checked once (shapes, dtypes, names, eps, ...)
+      -> dispatch.kernel  (family, method, backend) -> the backend module, "auto" resolved here
+      -> backend module   forms/ (NumPy, the oracles) | numba_cpu/ | cuda/
+
+Nothing else chooses a backend. A new backend or method is one module with the family's
+functions below, plus one line in ``TABLE``.
+
+The families and the functions their modules define (same names on every backend):
+
+- ``"linear"``: ``attend(phi_q, phi_k, v, *, causal, eps, chunk_size=None)`` and
+  ``attend_backward(dout, phi_q, phi_k, v, *, ...) -> (dphi_q, dphi_k, dv)``, on positive
+  features; methods quadratic, linear, chunked, recurrent.
+- ``"step"``: ``step(phi_q, phi_k, v, state, eps) -> (out, state)``, one RNN step.
+- ``"softmax"``: ``attend(q, k, v, *, causal, scale)`` and ``attend_backward(dout, q, k, v,
+  *, causal, scale) -> (dq, dk, dv)``.
+- ``"lsh"``: ``attend(qk, v, *, n_hashes, chunk_size, n_buckets, causal, seed)`` and
+  ``attend_backward(dout, qk, v, *, ...) -> (dqk, dv)``.
+
+Each module also declares ``FUSED_FEATURE_MAPS``, the feature-map classes it applies itself
+to raw q and k when called with ``elu=True`` (the Numba kernels fuse elu+1, Eq. 7); the public
+function applies any other map first, so the unfused path is always available and is what the
+fused one is tested against.
+
+The "auto" rule, written once:
+- backend "auto": "cupy" for CuPy arrays; for NumPy arrays "numba" when numba imports and has
+  the method, else "numpy".
+- method "auto": ``AUTO_METHOD[family, backend]``, a function of ``causal``: the fastest
+  form measured on that backend (NumPy: running sums non-causal, blocks causal; Numba:
+  blocks; CUDA: the chunked scan causal, matrix products non-causal). Families without
+  methods (step, softmax, lsh) have the single method "auto".
+- an explicit backend without the method asked for is a ValueError that names both.
+"""
+import importlib
+
+import numpy as np
+
+from . import _checks
+
+BACKENDS = ("auto", "numpy", "numba", "cupy")
+METHODS = {"linear": ("auto", "quadratic", "linear", "chunked", "recurrent"),
+           "step": ("auto",), "softmax": ("auto",), "lsh": ("auto",)}
+
+# (family, method, backend) -> the module that runs it
+TABLE = {
+    ("linear", "quadratic", "numpy"): "linattn.forms.quadratic",      # the oracle
+    ("linear", "linear", "numpy"): "linattn.forms.cumulative",
+    ("linear", "chunked", "numpy"): "linattn.forms.chunked",
+    ("linear", "recurrent", "numpy"): "linattn.forms.recurrent",
+    ("linear", "linear", "numba"): "linattn.numba_cpu.loops",
+    ("linear", "recurrent", "numba"): "linattn.numba_cpu.loops",      # the same running sums
+    ("linear", "chunked", "numba"): "linattn.numba_cpu.chunked",
+    ("linear", "quadratic", "cupy"): "linattn.forms.quadratic",       # NumPy's, on CuPy arrays
+    ("linear", "linear", "cupy"): "linattn.cuda.cumulative",          # v1: a thread per column
+    ("linear", "recurrent", "cupy"): "linattn.cuda.cumulative",
+    ("linear", "chunked", "cupy"): "linattn.cuda.chunked",            # v2: the chunked scan
+    ("step", "auto", "numpy"): "linattn.forms.recurrent",
+    ("step", "auto", "numba"): "linattn.numba_cpu.step",
+    ("step", "auto", "cupy"): "linattn.cuda.step",
+    ("softmax", "auto", "numpy"): "linattn.forms.softmax",           # the N x N oracle
+    ("softmax", "auto", "numba"): "linattn.numba_cpu.softmax",
+    ("softmax", "auto", "cupy"): "linattn.cuda.softmax",
+}
+
+# method "auto" on each backend, as a function of causal
+AUTO_METHOD = {
+    ("linear", "numpy"): lambda causal: "chunked" if causal else "linear",
+    ("linear", "numba"): lambda causal: "chunked",
+    ("linear", "cupy"): lambda causal: "chunked" if causal else "linear",
+}
+
+
+def kernel(family, method, backend, xp, causal=False):
+    """(module, backend name) that computes ``family`` by ``method`` on ``backend``.
+
+    Parameters
+    ----------
+    family : {"linear", "step", "softmax", "lsh"}
+    method : str
+        One of ``METHODS[family]``; "auto" picks by ``AUTO_METHOD``.
+    backend : {"auto", "numpy", "numba", "cupy"}
+    xp : module
+        numpy or cupy: the module of the (already checked) input arrays.
+    causal : bool
+        Only "auto" methods depend on it.
+
+    Raises ValueError for unknown names or a method the backend lacks, TypeError for arrays
+    the backend cannot take, ImportError / RuntimeError when CuPy or a GPU is missing.
+    """
+    _checks.check_choice("method", method, METHODS[family])
+    _checks.check_choice("backend", backend, BACKENDS)
+    for name in _candidates(backend, xp):
+        chosen = method
+        if method == "auto":
+            chosen = AUTO_METHOD.get((family, name), _only_auto)(causal)
+        if (family, chosen, name) in TABLE:
+            return importlib.import_module(TABLE[family, chosen, name]), name
+    have = sorted(m for f, m, b in TABLE if f == family and b == backend)
+    raise ValueError(f"method {method!r} has no {backend} kernel for {family} attention; "
+                     f"{backend} runs {', '.join(have)}; use backend='numpy' for {method!r}")
+
+
+def _only_auto(causal):
+    return "auto"
+
+
+def _candidates(backend, xp):
+    """The backends to try, in order, for ``backend`` and arrays of module ``xp``."""
+    on_gpu = xp.__name__ == "cupy"
+    if backend == "auto":
+        if on_gpu:
+            return ("cupy",)
+        return ("numba", "numpy") if numba_imports() else ("numpy",)
+    if backend == "cupy":
+        from .cuda.launch import require_cupy
+        require_cupy()                     # ImportError / RuntimeError naming what is missing
+        if not on_gpu:
+            raise TypeError("backend='cupy' takes CuPy arrays, got NumPy arrays; move them to "
+                            "the GPU with cupy.asarray(x) (linattn makes no hidden host-device "
+                            "copies)")
+    if backend == "numba":
+        if xp is not np:
+            raise TypeError("backend 'numba' runs on NumPy arrays; CuPy arrays need 'cupy' "
+                            "or 'auto'")
+        if not numba_imports():
+            raise ValueError("backend 'numba' needs the numba package; install it or use "
+                             "'numpy'")
+    return (backend,)                      # "numpy" also runs on CuPy arrays, through xp
+
+
+def numba_imports():
+    """Whether numba can be imported. It is imported here, on first use, not by
+    ``import linattn``, which it would slow down by about 0.3 s."""
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def fuses(module, feature_map):
+    """Whether ``module`` applies ``feature_map`` (an object) itself to raw q and k."""
+    return type(feature_map) in module.FUSED_FEATURE_MAPS
