@@ -8,6 +8,7 @@ from linattn.__main__ import main
 from linattn.bench import timing
 
 
+@pytest.mark.slow
 def test_quick_bench_writes_results(tmp_path, capsys):
     assert main(["bench", "--quick", "--no-peers", "--no-progress", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "bench.json").read_text())

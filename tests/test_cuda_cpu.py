@@ -19,6 +19,7 @@ from conftest import random_qkv
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")
+slow = pytest.mark.slow                      # nvcc builds
 
 
 def nvcc(source, dtype, *flags):
@@ -34,6 +35,7 @@ def test_sources_lists_every_cu_file():
     assert sorted(launch.SOURCES) == found
 
 
+@slow
 @needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("source", launch.SOURCES)
@@ -86,6 +88,7 @@ def dry_run(monkeypatch, signatures):
     return launched
 
 
+@slow
 @needs_nvcc
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n, d, m", [(1, 1, 1), (70, 3, 2), (130, 65, 70)])

@@ -22,6 +22,7 @@ from conftest import random_qkv
 
 GXX = shutil.which("g++")
 pytestmark = [
+    pytest.mark.slow,                       # g++ builds the emulated kernels
     pytest.mark.skipif(GXX is None, reason="g++ is not on the PATH"),
     pytest.mark.skipif(platform.system() != "Linux"
                        or platform.machine() not in ("x86_64", "aarch64"),

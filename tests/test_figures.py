@@ -89,6 +89,7 @@ def test_copy_task_loss_draws_eval_rows_among_training_rows(tmp_path):
         figures.copy_task_loss([{"name": "a", "step": 1, "eval_loss": None}], tmp_path / "x")
 
 
+@pytest.mark.slow
 def test_main_quick_writes_every_figure(tmp_path, capsys):
     assert figures.main(["--quick", "--out", str(tmp_path)]) == 0
     for name in ("time_vs_n", "memory_vs_n", "time_per_token", "feature_map_error",

@@ -13,6 +13,7 @@ from linattn.model.train import (TrainConfig, copy_setup, copy_task_curves, eval
 TINY = dict(length=3, d_model=16, n_layers=1, n_heads=2, d_mlp=32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["linear", "softmax"])
 def test_tiny_training_run_lowers_the_loss(attention):
     task, cfg = copy_setup(attention, **TINY)
@@ -26,6 +27,7 @@ def test_tiny_training_run_lowers_the_loss(attention):
     assert after < 0.75 * before and accuracy > 0.2        # chance accuracy is 0.1
 
 
+@pytest.mark.slow
 def test_copy_task_curves_writes_both_attentions(tmp_path):
     path = copy_task_curves(tmp_path, train_cfg=TrainConfig(steps=3, batch_size=2,
                                                            eval_every=3, eval_batches=1),
@@ -40,6 +42,7 @@ def test_copy_task_curves_writes_both_attentions(tmp_path):
     assert (tmp_path / "linear" / "log.csv").stat().st_mtime_ns == mtime   # reused
 
 
+@pytest.mark.slow
 def test_command_line_train_resume_generate(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["train", "copy", "--length", "3", "--d-model", "8", "--n-layers", "1",
@@ -56,6 +59,7 @@ def test_command_line_train_resume_generate(tmp_path, capsys):
     assert "copy accuracy" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_command_line_digits_png(tmp_path, capsys):
     pytest.importorskip("sklearn")
     pytest.importorskip("matplotlib")

@@ -19,6 +19,7 @@ def test_there_are_notebooks():
     assert len(NOTEBOOKS) >= 6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_from_a_clean_kernel(path, tmp_path, monkeypatch):
     monkeypatch.setenv("LINATTN_QUICK", "1")

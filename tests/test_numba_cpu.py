@@ -252,6 +252,7 @@ print(sum(stats.cache_hits.values()), sum(stats.cache_misses.values()))
 """
 
 
+@pytest.mark.slow
 def test_a_second_process_loads_the_compiled_loops():
     for _ in range(2):  # the first run may compile (and save); the second must not
         run = subprocess.run([sys.executable, "-c", CACHE_PROBE], capture_output=True,
