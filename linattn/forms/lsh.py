@@ -61,7 +61,7 @@ def unit_keys(qk):
     """The keys k_j = qk_j / ||qk_j|| (..., N, D) and the norms (..., N, 1); a zero row
     keeps k_j = 0 and reports norm 1, so its key gradient passes through unscaled."""
     norm = np.sqrt(np.sum(qk * qk, axis=-1, keepdims=True))
-    norm = np.where(norm > 0, norm, qk.dtype.type(1))
+    norm = np.where(norm == 0, qk.dtype.type(1), norm)          # NaN stays NaN
     return qk / norm, norm
 
 
@@ -209,7 +209,8 @@ def _forward(qk, k, v, hashes, c, causal):
         out_r = _unsort(out_s, hashes.rank[r])
         lse_r = _unsort(lse_s[..., None], hashes.rank[r])[..., 0]
         # out = sum_r exp(lse_r - logsumexp(lse)) out_r, accumulated round by round
-        new = np.logaddexp(lse, lse_r)
+        with np.errstate(invalid="ignore"):              # a NaN row stays NaN, quietly
+            new = np.logaddexp(lse, lse_r)
         shift = np.where(new == -np.inf, 0, new)[..., None]       # -inf: no key so far
         out = np.exp(lse[..., None] - shift) * out + np.exp(lse_r[..., None] - shift) * out_r
         lse = new
