@@ -1,16 +1,18 @@
 """linattn: Transformers are RNNs (Katharopoulos et al., 2020, arXiv:2006.16236) in NumPy.
 
 Softmax attention and linear attention in its quadratic, linear, chunked and recurrent
-forms, each with a hand-written backward pass.
+forms, and Reformer (LSH) attention, each with a hand-written backward pass.
 """
 from .feature_maps import EluPlusOne, Favor, ReLU, Taylor
 from .forms.recurrent import State
 from .linear import linear_attention, linear_attention_backward, linear_attention_step
+from .lsh import lsh_attention, lsh_attention_backward, lsh_attention_mask
 from .softmax import softmax_attention, softmax_attention_backward
 
 __all__ = [
     "softmax_attention", "softmax_attention_backward",
     "linear_attention", "linear_attention_backward", "linear_attention_step", "State",
+    "lsh_attention", "lsh_attention_backward", "lsh_attention_mask",
     "EluPlusOne", "ReLU", "Taylor", "Favor",
 ]
 __version__ = "0.1.0"

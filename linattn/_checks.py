@@ -173,3 +173,50 @@ def rows(x):
     """(..., N, W) -> (R, N, W), C-contiguous, R = the product of the leading axes: the layout
     every compiled kernel takes (batch x heads flattened). NumPy or CuPy."""
     return array_module(x).ascontiguousarray(x.reshape(math.prod(x.shape[:-2]), *x.shape[-2:]))
+
+
+# --- LSH (Reformer) attention ------------------------------------------------------------
+
+def _count(name, value, smallest):
+    """``value`` if it is an int >= ``smallest`` (not a bool), else a TypeError/ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if value < smallest:
+        raise ValueError(f"{name} must be at least {smallest}, got {value}")
+    return int(value)
+
+
+def check_lsh(qk, v=None, dout=None, *, n_hashes, chunk_size, n_buckets, causal, seed):
+    """Validate LSH attention inputs: qk (..., N, D), v and dout (..., N, M) (v and dout
+    optional, for the mask), and its options: n_hashes >= 1, chunk_size >= 1, n_buckets
+    None or even >= 2, seed >= 0 integers, causal a bool (the backend: ``dispatch``).
+
+    Returns
+    -------
+    arrays : tuple of ndarray
+        qk (and v, dout if given), cast to the compute dtype.
+    out_dtype : numpy.dtype
+        The dtype results are returned in (the inputs' common dtype).
+    """
+    named = [(n, a) for n, a in (("qk", qk), ("v", v), ("dout", dout)) if a is not None]
+    arrays = [as_float_array(n, a) for n, a in named]
+    if any(array_module(a) is not np for a in arrays):
+        raise TypeError("LSH attention runs on NumPy arrays only: it has no CUDA kernel")
+    shapes = ", ".join(f"{n}{a.shape}" for (n, _), a in zip(named, arrays))
+    if any(a.ndim < 2 for a in arrays):
+        raise ValueError(f"qk needs shape (..., N, D), v and dout (..., N, M), got {shapes}")
+    if len(arrays) > 1 and arrays[1].shape[:-1] != arrays[0].shape[:-1]:
+        raise ValueError(f"qk and v must have the same leading dimensions and N: {shapes}")
+    if len(arrays) > 2 and arrays[2].shape != arrays[1].shape:
+        raise ValueError(f"dout must have the output's shape (..., N, M): {shapes}")
+    if arrays[0].shape[-1] == 0:
+        raise ValueError(f"qk needs at least one feature (D >= 1): {shapes}")
+    _count("n_hashes", n_hashes, 1)
+    _count("chunk_size", chunk_size, 1)
+    if n_buckets is not None and _count("n_buckets", n_buckets, 2) % 2:
+        raise ValueError(f"n_buckets must be even (the hash takes the argmax of [xR, -xR]), "
+                         f"got {n_buckets}")
+    _count("seed", seed, 0)
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    return _in_compute_dtype(tuple(arrays))

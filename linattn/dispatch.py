@@ -64,6 +64,8 @@ TABLE = {
     ("softmax", "auto", "numpy"): "linattn.forms.softmax",           # the N x N oracle
     ("softmax", "auto", "numba"): "linattn.numba_cpu.softmax",
     ("softmax", "auto", "cupy"): "linattn.cuda.softmax",
+    ("lsh", "auto", "numpy"): "linattn.forms.lsh",                   # sort, gather, scatter
+    ("lsh", "auto", "numba"): "linattn.numba_cpu.lsh",
 }
 
 # method "auto" on each backend, as a function of causal
@@ -93,13 +95,17 @@ def kernel(family, method, backend, xp, causal=False):
     """
     _checks.check_choice("method", method, METHODS[family])
     _checks.check_choice("backend", backend, BACKENDS)
+    have = sorted(m for f, m, b in TABLE if f == family and b == backend)
+    if backend != "auto" and not have:
+        others = sorted({b for f, m, b in TABLE if f == family})
+        raise ValueError(f"{family} attention has no {backend} kernel; use backend "
+                         f"{' or '.join(repr(b) for b in others)}")
     for name in _candidates(backend, xp):
         chosen = method
         if method == "auto":
             chosen = AUTO_METHOD.get((family, name), _only_auto)(causal)
         if (family, chosen, name) in TABLE:
             return importlib.import_module(TABLE[family, chosen, name]), name
-    have = sorted(m for f, m, b in TABLE if f == family and b == backend)
     raise ValueError(f"method {method!r} has no {backend} kernel for {family} attention; "
                      f"{backend} runs {', '.join(have)}; use backend='numpy' for {method!r}")
 

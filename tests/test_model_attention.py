@@ -1,5 +1,5 @@
 """The multi-head attention layer: head split/merge and its backward against central
-finite differences, for softmax and every feature map of linear attention (float64)."""
+finite differences, for softmax, every feature map of linear attention and LSH (float64)."""
 import numpy as np
 import pytest
 
@@ -11,9 +11,9 @@ NAMES = ("wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo")
 CASES = [("softmax", "elu+1")] + [("linear", fm) for fm in FEATURE_MAP_NAMES]
 
 
-def _config(attention_kind, feature_map):
+def _config(attention_kind, feature_map, **lsh):
     return ModelConfig(vocab_size=5, max_len=8, d_model=8, n_heads=2, attention=attention_kind,
-                       feature_map=feature_map, dtype="float64")
+                       feature_map=feature_map, dtype="float64", **lsh)
 
 
 def _weights(seed, d=8):
@@ -68,3 +68,26 @@ def test_attention_is_causal(attention_kind):
     y2 = attention(p, x2, cfg)[0]
     np.testing.assert_allclose(y2[:, :-1], y[:, :-1], rtol=1e-12)
     assert not np.allclose(y2[:, -1], y[:, -1])
+
+
+@pytest.mark.parametrize("n_hashes", [1, 2])
+def test_lsh_attention_backward(n_hashes):
+    # shared QK: W_Q makes queries and keys, W_K is unused (zero gradient, checked apart)
+    cfg = _config("lsh", "elu+1", n_hashes=n_hashes, lsh_chunk_size=2)
+    x = np.random.default_rng(5).standard_normal((2, 7, 8))
+    weights = dict(zip(NAMES, _weights(6)))
+    names = [n for n in NAMES if n not in ("wk", "bk")]
+
+    def params(w):
+        return {**weights, **dict(zip(names, w))}
+
+    def f(x, *w):
+        return attention(params(w), x, cfg)[0]
+
+    def f_backward(dy, x, *w):
+        p = params(w)
+        dx, grads = attention_backward(dy, p, x, attention(p, x, cfg)[1], cfg)
+        assert not grads["wk"].any() and not grads["bk"].any()
+        return (dx, *(grads[n] for n in names))
+
+    assert_gradients_match(f, f_backward, [x, *(weights[n] for n in names)])

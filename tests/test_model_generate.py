@@ -93,6 +93,8 @@ def test_sample_follows_the_distribution():
 @pytest.mark.parametrize("attention, kwargs, match", [
     ("softmax", dict(method="recurrent"), "does not apply"),
     ("linear", dict(method="cache"), "does not apply"),
+    ("lsh", dict(method="cache"), "does not apply"),
+    ("lsh", dict(method="recurrent"), "does not apply"),
     ("linear", dict(method="beam"), "unknown"),
     ("linear", dict(n_new=22), "max_len"),
     ("linear", dict(temperature=-1.0), "temperature"),
@@ -132,3 +134,14 @@ def test_speed_estimate_extrapolates_by_the_forms_growth(monkeypatch, method, po
     exact = sum(1.0 + float(t) ** power for t in range(n - 1))
     got = speed.estimate_seconds(None, None, method, 1, n)
     assert abs(got - exact) < 0.02 * exact
+
+
+def test_lsh_generates_by_recomputing():
+    # no state and no cache: "auto" recomputes the prefix, token for token what forward picks
+    cfg, params = _model("lsh", n_hashes=2, lsh_chunk_size=4)
+    prompt = _prompt()
+    got = generate(params, cfg, prompt, 8)
+    np.testing.assert_array_equal(got, generate(params, cfg, prompt, 8, method="recompute"))
+    np.testing.assert_array_equal(got[:, :4], prompt)
+    logits, _ = forward(params, cfg, got[:, :-1])
+    np.testing.assert_array_equal(got[:, -1], logits[:, -1].argmax(axis=-1))

@@ -28,6 +28,19 @@ def test_tiny_training_run_lowers_the_loss(attention):
 
 
 @pytest.mark.slow
+def test_tiny_lsh_model_trains():
+    # shared QK, chunks of 2 over a sequence of 8, two rounds: the loss falls in a few steps
+    task, cfg = copy_setup("lsh", **TINY, n_hashes=2, lsh_chunk_size=2)
+    train_cfg = TrainConfig(steps=30, batch_size=16, eval_batches=2)
+    from linattn.model.transformer import init_params
+    held_out = held_out_batches(task, train_cfg)
+    before, _ = evaluate(init_params(cfg, train_cfg.seed), cfg, held_out)
+    params, state = run(cfg, task, train_cfg, AdamConfig(lr=3e-3, warmup=5))
+    after, _ = evaluate(params, cfg, held_out)
+    assert state.step == 30 and np.isfinite(after) and after < 0.9 * before
+
+
+@pytest.mark.slow
 def test_copy_task_curves_writes_both_attentions(tmp_path):
     path = copy_task_curves(tmp_path, train_cfg=TrainConfig(steps=3, batch_size=2,
                                                            eval_every=3, eval_batches=1),

@@ -11,7 +11,8 @@ from linattn.model.transformer import forward, init_params, loss_and_grads
 TINY = dict(vocab_size=7, max_len=6, d_model=8, n_heads=2, d_mlp=12, dtype="float64")
 VARIANTS = [dict(attention="linear", n_layers=2),
             dict(attention="softmax", n_layers=2, positions="learned", activation="relu"),
-            dict(attention="linear", n_layers=1, feature_map="taylor", positions="learned")]
+            dict(attention="linear", n_layers=1, feature_map="taylor", positions="learned"),
+            dict(attention="lsh", n_layers=2, n_hashes=2, lsh_chunk_size=2)]
 
 
 def _batch(seed, b=2, n=5, vocab=7):
@@ -89,10 +90,23 @@ def test_forward_rejects_bad_ids(ids, match):
 
 
 @pytest.mark.parametrize("field, value, match", [
-    ("n_heads", 3, "divisible"), ("attention", "lsh", "attention"),
+    ("n_heads", 3, "divisible"), ("attention", "reformer", "attention"),
     ("feature_map", "cosine", "feature_map"), ("d_model", 0, "positive"),
     ("dtype", "float16", "dtype"), ("positions", "rotary", "positions"),
+    ("n_hashes", 0, "positive"), ("lsh_chunk_size", 1.5, "positive"),
 ])
 def test_config_rejects_bad_fields(field, value, match):
     with pytest.raises(ValueError, match=match):
         check_config(ModelConfig(**{**TINY, field: value}))
+
+
+def test_config_from_json_fills_fields_added_later():
+    cfg = ModelConfig(**TINY, attention="lsh", n_hashes=3, lsh_chunk_size=4)
+    assert ModelConfig.from_json(cfg.to_json()) == cfg
+    old = {k: v for k, v in cfg._asdict().items() if k not in ("n_hashes", "lsh_chunk_size")}
+    import json
+    assert ModelConfig.from_json(json.dumps(old)) == cfg._replace(n_hashes=1, lsh_chunk_size=32)
+    with pytest.raises(ValueError, match="fields"):
+        ModelConfig.from_json(json.dumps({k: v for k, v in old.items() if k != "d_mlp"}))
+    with pytest.raises(ValueError, match="fields"):
+        ModelConfig.from_json(json.dumps({**old, "rounds": 2}))

@@ -2,7 +2,8 @@
 
 The architecture is the decoder-only transformer of Katharopoulos et al. (2020),
 arXiv:2006.16236, section 3.1 (Eq. 1): L pre-norm blocks of attention and an MLP, with the
-attention either softmax (Eq. 2, causal mask of Eq. 8) or causal linear (Eq. 9).
+attention either softmax (Eq. 2, causal mask of Eq. 8), causal linear (Eq. 9) or the
+paper's second baseline, Reformer (LSH) attention (``linattn.lsh``).
 """
 import json
 from typing import NamedTuple
@@ -10,7 +11,7 @@ from typing import NamedTuple
 from ..feature_maps import FEATURE_MAPS
 from .layers import ACTIVATIONS
 
-ATTENTIONS = ("linear", "softmax")
+ATTENTIONS = ("linear", "softmax", "lsh")
 POSITIONS = ("sinusoidal", "learned")
 DTYPES = ("float32", "float64")
 
@@ -22,11 +23,14 @@ class ModelConfig(NamedTuple):
     max_len : longest sequence the model may see (learned positions need it; generation
         checks it).
     d_model, n_layers, n_heads, d_mlp : widths and depth; d_model must divide by n_heads.
-    attention : "linear" or "softmax".
+    attention : "linear", "softmax" or "lsh" (Reformer, shared QK: the q projection).
     feature_map : phi of linear attention, a name from ``linattn.feature_maps.FEATURE_MAPS``.
     activation : the MLP's nonlinearity, "gelu" or "relu".
     positions : "sinusoidal" (fixed) or "learned" position embeddings.
     dtype : "float32" (training) or "float64" (gradient checks).
+    n_hashes, lsh_chunk_size : hash rounds and chunk size of "lsh" attention (ignored
+        otherwise); a config stored without them (before they existed) loads with these
+        defaults.
     """
 
     vocab_size: int
@@ -40,6 +44,8 @@ class ModelConfig(NamedTuple):
     activation: str = "gelu"
     positions: str = "sinusoidal"
     dtype: str = "float32"
+    n_hashes: int = 1
+    lsh_chunk_size: int = 32
 
     @property
     def d_head(self):
@@ -51,11 +57,17 @@ class ModelConfig(NamedTuple):
 
     @classmethod
     def from_json(cls, text):
-        """The inverse of ``to_json``; ValueError for missing or unknown fields."""
+        """The inverse of ``to_json``; ValueError for missing or unknown fields (fields
+        added later, ``LATER_FIELDS``, may be missing: they take their defaults)."""
         fields = json.loads(text)
-        if not isinstance(fields, dict) or set(fields) != set(cls._fields):
+        if not (isinstance(fields, dict) and set(fields) <= set(cls._fields)
+                and set(cls._fields) - set(fields) <= set(LATER_FIELDS)):
             raise ValueError(f"model config must have the fields {cls._fields}, got {text!r}")
         return check_config(cls(**fields))
+
+
+# fields a stored config may lack, having been written before they existed
+LATER_FIELDS = ("n_hashes", "lsh_chunk_size")
 
 
 def _choice(cfg, field, valid):
@@ -66,7 +78,8 @@ def _choice(cfg, field, valid):
 
 def check_config(cfg):
     """Return ``cfg`` if every field is valid, else a ValueError naming the field."""
-    for field in ("vocab_size", "max_len", "d_model", "n_layers", "n_heads", "d_mlp"):
+    for field in ("vocab_size", "max_len", "d_model", "n_layers", "n_heads", "d_mlp",
+                  "n_hashes", "lsh_chunk_size"):
         value = getattr(cfg, field)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"ModelConfig.{field} must be a positive integer, got {value!r}")

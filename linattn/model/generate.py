@@ -6,9 +6,14 @@ arXiv:2006.16236.
   layer, O(d_model^2 + d_model d_head) time and constant memory, whatever its position.
 - ``"cache"`` (softmax models): keys and values of earlier positions are kept, and the new
   query attends to them: O(t d_model) time and memory at position t.
-- ``"recompute"`` (either): the whole prefix goes through ``transformer.forward`` again for
-  every token, O(t^2 d_model) at position t for softmax. This is the reference: the fast
-  forms must pick token for token what it picks.
+- ``"recompute"`` (any attention): the whole prefix goes through ``transformer.forward``
+  again for every token, O(t^2 d_model) at position t for softmax. This is the reference:
+  the fast forms must pick token for token what it picks. It is the only form for LSH
+  (Reformer) models, which have no constant-size state and no valid cache: every new token
+  is hashed and sorted with the others, which moves the chunk boundaries, so the outputs of
+  earlier positions (and the next layer's keys built from them) can change. Recomputing the
+  prefix is the one exact way; it costs O(t (d_model^2 + n_hashes C d_model)) plus the
+  hashing at position t.
 """
 from typing import NamedTuple
 
@@ -90,10 +95,12 @@ def _resolve(method, cfg):
     if method not in METHODS:
         raise ValueError(f"unknown generation method {method!r}; valid: {', '.join(METHODS)}")
     if method == "auto":
-        return "recurrent" if cfg.attention == "linear" else "cache"
-    if (method == "recurrent") != (cfg.attention == "linear") and method != "recompute":
+        return {"linear": "recurrent", "softmax": "cache"}.get(cfg.attention, "recompute")
+    fits = {"recurrent": "linear", "cache": "softmax"}.get(method, cfg.attention)
+    if fits != cfg.attention:
         raise ValueError(f"method {method!r} does not apply to {cfg.attention} attention: "
-                         "use 'recurrent' for linear, 'cache' for softmax, or 'recompute'")
+                         "use 'recurrent' for linear, 'cache' for softmax, or 'recompute' "
+                         "(the only form for lsh)")
     return method
 
 
@@ -106,7 +113,8 @@ def generate(params, cfg, prompt, n_new, *, method="auto", temperature=0.0, seed
     prompt : ndarray of int, shape (B, P), P >= 1
     n_new : int
     method : {"auto", "recurrent", "cache", "recompute"}
-        "auto" is "recurrent" for linear attention and "cache" for softmax.
+        "auto" is "recurrent" for linear attention, "cache" for softmax and "recompute"
+        for lsh.
     temperature : float
         0 decodes greedily; otherwise tokens are sampled from softmax(logits / temperature).
     seed : int

@@ -156,7 +156,8 @@ def forward(params, cfg, ids):
     cache : ForwardCache
 
     Cost: O(L B N d_model (d_model + d_mlp)) plus the attention: O(L B N^2 d_model) for
-    softmax, O(L B N d_model d_head) for linear.
+    softmax, O(L B N d_model d_head) for linear, O(L B N n_hashes C d_model) plus the
+    hashing for lsh.
     """
     ids = np.asarray(ids)
     if ids.ndim != 2 or ids.dtype.kind not in "iu":

@@ -13,6 +13,8 @@ validate once and ``linattn.dispatch`` picks a module here.
 - ``elu``       elu+1 (Eq. 7) and its derivative with a vectorisable exp.
 - ``step``      one RNN step, Eq. (16)-(20), in one call.
 - ``softmax``   softmax attention forward and backward in O(N) memory per worker.
+- ``lsh``       Reformer (LSH) attention, chunk by chunk, on NumPy's hashing
+                (``forms.lsh`` is its oracle; the public module is ``linattn.lsh``).
 
 All take ``elu=True`` to apply the paper's feature map, elu+1 (Eq. 7), themselves, to raw q
 and k; the unfused path (NumPy feature map, then the kernel) is what the tests compare to.
