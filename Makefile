@@ -1,10 +1,12 @@
 # Two commands do all the set-up on a fresh machine; each creates .venv when it is missing.
 #   make figures   the main job: regenerates figures/ from fresh measurements and
-#                  re-executes the notebooks in place
+#                  re-executes the notebooks in place; PEER_PYTHON=/path/to/python (an
+#                  interpreter with torch and pytorch-fast-transformers) draws the peers too
 #   make test      the test suite
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+PEER_PYTHON ?=
 
 .PHONY: figures notebooks test
 
@@ -15,7 +17,7 @@ $(VENV)/installed: pyproject.toml
 	touch $@
 
 figures: $(VENV)/installed notebooks
-	$(PY) -m linattn.figures
+	$(PY) -m linattn.figures $(if $(PEER_PYTHON),--peer-python $(PEER_PYTHON))
 
 notebooks: $(VENV)/installed
 	$(PY) -m jupyter nbconvert --to notebook --execute --inplace notebooks/*.ipynb

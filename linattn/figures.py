@@ -17,11 +17,13 @@ the machine and the date, and ``read_csv`` reads it back. Row schemas (every row
 ========================  ==========================================================
 
 Rows with equal name and x are repeats (seeds, runs): a curve shows their median, and a band
-from their minimum to their maximum. A missing or NaN value leaves its point out. Every y
-axis is logarithmic; so is every x axis but ``copy_task_loss``'s. Log-log curves print their
-fitted slope in the legend, as in figure 1 of Katharopoulos et al. (2020), arXiv:2006.16236:
-fitted over the larger half of the x values, where fixed overheads matter least. matplotlib
-is imported inside the functions (it is an extra) and draws with Agg.
+from their minimum to their maximum. A missing, NaN or non-positive value leaves its point
+out. Every y axis is logarithmic; so is every x axis but ``copy_task_loss``'s. Log-log curves
+print their fitted slope and its range in the legend, as in figure 1 of Katharopoulos et al.
+(2020), arXiv:2006.16236: fitted over the larger half of the x values, where fixed overheads
+matter least. Rows with a ``library`` other than linattn (the peers) are drawn dashed; the
+legends sit below the axes, and a caption names the machine. matplotlib is imported inside
+the functions (it is an extra) and draws with Agg.
 """
 import argparse
 import csv
@@ -117,9 +119,10 @@ def read_csv(path):
 # ---- drawing ---------------------------------------------------------------------------------
 
 def _value(row, key):
-    """row[key] as a float, or None when missing or NaN."""
+    """row[key] as a float, or None when missing, NaN or not positive (every y axis is
+    logarithmic: a zero, such as memory below the measurement's granularity, has no place)."""
     value = row.get(key)
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value <= 0:
         return None
     return float(value)
 
@@ -141,10 +144,24 @@ def _series(rows, x, y):
 
 def slope(xs, ys):
     """The log-log slope of ys against xs, fitted over the larger half of xs (None if < 2)."""
+    fit = slope_fit(xs, ys)
+    return None if fit is None else fit[0]
+
+
+def slope_fit(xs, ys):
+    """(slope, first x, last x): the log-log fit of ys against xs over the larger half of xs,
+    where the cost of the work outweighs a call's fixed overheads; None with < 2 points."""
     keep = xs >= np.median(xs)
     if keep.sum() < 2:
         return None
-    return float(np.polyfit(np.log(xs[keep]), np.log(ys[keep]), 1)[0])
+    fitted = float(np.polyfit(np.log(xs[keep]), np.log(ys[keep]), 1)[0])
+    return fitted, float(xs[keep].min()), float(xs[keep].max())
+
+
+def _power(x):
+    """x as 2^k when it is a power of two, else as a number."""
+    k = math.log2(x)
+    return f"2^{int(k)}" if k == int(k) else f"{x:g}"
 
 
 def _check_rows(rows, x, columns, loglog):
@@ -158,28 +175,36 @@ def _check_rows(rows, x, columns, loglog):
         raise ValueError(f"{x} must be positive on a log axis, got {min(r[x] for r in rows)}")
 
 
-def _draw(ax, series, names, loglog, scale=1.0):
+def _draw(ax, series, names, loglog, scale=1.0, dashed=()):
     """One curve per name: median with markers (on about 16 of its points at most), a
-    min-max band, and on log-log axes the slope in the legend. ``names`` (all the figure's
-    names, in order) fixes each name's colour and marker."""
+    min-max band, and on log-log axes the slope and its fit range in the legend, which sits
+    below the axes so that it never covers a curve. ``names`` (all the figure's names, in
+    order) fixes each name's colour and marker; the names in ``dashed`` (the peers) are
+    drawn dashed."""
     for name, (xs, med, low, high) in sorted(series.items()):
         i = names.index(name)
-        fitted = slope(xs, med) if loglog else None
-        label = name if fitted is None else f"{name} (slope {round(fitted, 2) + 0.0:.2f})"
+        fit = slope_fit(xs, med) if loglog else None
+        label = name
+        if fit is not None:
+            label += (f" (slope {round(fit[0], 2) + 0.0:.2f} over {_power(fit[1])}-"
+                      f"{_power(fit[2])})")
         ax.plot(xs, med * scale, marker=MARKERS[i % len(MARKERS)], color=f"C{i % 10}",
-                markevery=max(1, len(xs) // 16), label=label)
+                markevery=max(1, len(xs) // 16), label=label,
+                linestyle="--" if name in dashed else "-")
         if np.any(high > low):
             ax.fill_between(xs, low * scale, high * scale, color=f"C{i % 10}", alpha=0.2)
     if loglog:
         ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
 
 
-def _figure(rows, path, x, columns, schema, xlabel, ylabel, title, scale=1.0, loglog=True):
+def _figure(rows, path, x, columns, schema, xlabel, ylabel, title, scale=1.0, loglog=True,
+            caption=None):
     """Draw one panel per column that has data (log-log, or log y over linear x if not
-    ``loglog``); write path.png and path.csv."""
+    ``loglog``), rows whose ``library`` is not linattn dashed, ``caption`` (the machine) under
+    the panels; write path.png and path.csv."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -188,58 +213,69 @@ def _figure(rows, path, x, columns, schema, xlabel, ylabel, title, scale=1.0, lo
     panels = [(c, s) for c, s in panels if s]
     if not panels:
         raise ValueError(f"no values in columns {columns}")
-    fig = Figure(figsize=(5.2 * len(panels), 4), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
     names = sorted({name for _, series in panels for name in series})
+    dashed = {str(r["name"]) for r in rows if r.get("library") not in (None, "", "linattn")}
+    fig = Figure(figsize=(5.6 * len(panels), 4.2 + 0.17 * len(names)), dpi=DPI,
+                 layout="constrained")
+    FigureCanvasAgg(fig)
     for ax, (column, series) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
-        _draw(ax, series, names, loglog, scale)
+        _draw(ax, series, names, loglog, scale, dashed)
         ax.set(xlabel=xlabel, ylabel=ylabel, title=LABELS.get(column, column))
     if title and len(panels) == 1:
         ax.set_title(title)                 # one panel: the title replaces the column's name
     elif title:
         fig.suptitle(title)
+    if caption:
+        fig.supxlabel(caption, fontsize=7, color="0.3")
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     png, table = path.with_suffix(".png"), path.with_suffix(".csv")
     fig.savefig(png)
-    write_csv(table, rows, schema, {"figure": path.stem, **machine()})
+    meta = {"figure": path.stem, **machine()}
+    if caption:
+        meta["measured on"] = caption
+    write_csv(table, rows, schema, meta)
     return png, table
 
 
-def time_vs_n(rows, path, title=None):
-    """Time per call against sequence length N, log-log: one panel for the forward pass and
-    one for forward + backward (when the rows have it). Rows: TIME_COLUMNS.
+def time_vs_n(rows, path, title=None, caption=None, ylabel="seconds per call"):
+    """Time against sequence length N, log-log: one panel for the forward pass and one for
+    forward + backward (when the rows have it). Rows: TIME_COLUMNS (and ``library``: rows of
+    another library than linattn are drawn dashed). ``caption`` names the machine.
 
     Returns the paths of the PNG and CSV written.
     """
     return _figure(rows, path, "n", ("seconds_fwd", "seconds_fwdbwd"), TIME_COLUMNS,
-                   "sequence length N", "seconds per call", title)
+                   "sequence length N", ylabel, title, caption=caption)
 
 
-def memory_vs_n(rows, path, title=None):
-    """Peak memory against sequence length N, log-log, in MiB. Rows: MEMORY_COLUMNS."""
+def memory_vs_n(rows, path, title=None, caption=None, ylabel="peak memory (MiB)"):
+    """Peak memory against sequence length N, log-log, in MiB. Rows: MEMORY_COLUMNS (and
+    ``library``, as for ``time_vs_n``)."""
     return _figure(rows, path, "n", ("peak_bytes",), MEMORY_COLUMNS, "sequence length N",
-                   "peak memory (MiB)", title, scale=2.0 ** -20)
+                   ylabel, title, scale=2.0 ** -20, caption=caption)
 
 
-def time_per_token(rows, path, title=None):
+def time_per_token(rows, path, title=None, caption=None):
     """Seconds to generate one token against its position (the context length, from 1),
     log-log: an RNN state costs the same at every position, a key/value cache grows.
     Rows: TOKEN_COLUMNS."""
     return _figure(rows, path, "position", ("seconds_per_token",), TOKEN_COLUMNS,
-                   "position (tokens in the context)", "seconds per token", title)
+                   "position (tokens in the context)", "seconds per token", title,
+                   caption=caption)
 
 
-def feature_map_error(rows, path, title=None):
+def feature_map_error(rows, path, title=None, caption=None):
     """Relative error of feature maps against softmax, against the number of features F:
     of the kernel matrix phi(Q) phi(K)^T versus exp(Q K^T / sqrt(D)) (Eq. 4), and of the
     attention output versus softmax attention (Eq. 2). Rows: FEATURE_MAP_COLUMNS; repeats
     over seeds give the band."""
     return _figure(rows, path, "n_features", ("kernel_error", "output_error"),
-                   FEATURE_MAP_COLUMNS, "number of features F", "relative error", title)
+                   FEATURE_MAP_COLUMNS, "number of features F", "relative error", title,
+                   caption=caption)
 
 
-def copy_task_loss(rows, path, title=None):
+def copy_task_loss(rows, path, title=None, caption=None):
     """Cross-entropy against training step on the copy task, log y over linear x, as in
     figure 2 of the paper: one panel for the training batches' loss (``train_loss``, the
     loss of step s's batch before its update) and one for the held-out loss (``eval_loss``,
@@ -247,44 +283,67 @@ def copy_task_loss(rows, path, title=None):
     ``linattn.measure.copy_task_rows``."""
     return _figure(rows, path, "step", ("train_loss", "eval_loss"), COPY_COLUMNS,
                    "training step", "cross-entropy (nats per copied symbol)", title,
-                   loglog=False)
+                   loglog=False, caption=caption)
 
 
 # ---- the figures of ``python -m linattn.figures`` -----------------------------------------
 
-def _feature_maps(out, quick):
+def _feature_maps(out, quick, caption, peer_python):
     if quick:
         rows = measure.feature_map_error_rows(n_features=(4, 16, 64, 256), seeds=range(3))
     else:
         rows = measure.feature_map_error_rows()
-    return feature_map_error(rows, out / "feature_map_error",
+    return feature_map_error(rows, out / "feature_map_error", caption=caption,
                              title="Feature maps against softmax: N = 128, D = 16, "
-                                   "q, k ~ 0.5 N(0, 1)")
+                                   "q, k ~ 0.5 N(0, 1), float64")
 
 
-def _copy_task(out, quick):
-    """Both attentions trained afresh (the runs go to a temporary folder), on one thread:
-    at these sizes a second one only adds overhead. Full: about 1.5 minutes on one core."""
+COPY_ATTENTIONS = ("linear", "softmax", "lsh-1", "lsh-4")
+
+
+def _copy_task(out, quick, caption, peer_python):
+    """The four attentions of the paper's Figure 2 trained afresh (the runs go to a temporary
+    folder), on one thread: at these sizes a second one only adds overhead. LSH takes chunks
+    of 8 positions, so that the 25 positions of a string of 12 fall into 4 chunks, as the
+    paper's 128 positions fall into chunks of 32."""
     from threadpoolctl import threadpool_limits
 
-    tiny = dict(steps=20, eval_every=5, length=3, d_model=16, n_heads=2, d_mlp=32)
+    tiny = dict(steps=20, eval_every=5, length=3, d_model=16, n_heads=2, d_mlp=32,
+                lsh_chunk_size=2)
     with tempfile.TemporaryDirectory() as runs, threadpool_limits(1):
-        rows = measure.copy_task_rows(runs, **(tiny if quick else {}))
-    title = "Copy task" if quick else "Copy task: strings of 1-12 symbols, 2 layers x 4 heads x 16"
-    return copy_task_loss(rows, out / "copy_task_loss", title=title)
+        rows = measure.copy_task_rows(runs, attentions=COPY_ATTENTIONS,
+                                      **(tiny if quick else dict(lsh_chunk_size=8)))
+    title = ("Copy task" if quick else
+             "Copy task: strings of 1-12 symbols, 2 layers x 4 heads x 16, float32")
+    return copy_task_loss(rows, out / "copy_task_loss", title=title, caption=caption)
 
 
-def _benchmark(out, quick):
-    """One benchmark run (its files go to out/data) drawn three ways."""
-    scaling, tokens = measure.benchmark_rows(out / "data", quick)
-    size = "8 heads, D = M = 64, float32"
-    return (*time_vs_n(scaling, out / "time_vs_n", title=f"Time against N ({size})"),
-            *memory_vs_n(scaling, out / "memory_vs_n", title=f"Forward + backward ({size})"),
-            *time_per_token(tokens, out / "time_per_token",
-                            title="Generating one token: 8 heads, D = M = 64"))
+def _benchmark(out, quick, caption, peer_python):
+    """One benchmark run (its files go to out/data) drawn three ways, as the paper's
+    Figure 1: time and memory per sample against N at a constant number of tokens."""
+    scaling, tokens, meta = measure.benchmark_rows(out / "data", quick, peer_python)
+    caption = f"measured on {meta['machine']}; peers: {meta['peers']}"
+    size = f"8 heads, D = M = 64, {meta['dtype']}, batch x N = {measure.FIGURE1['tokens']}"
+    if quick:
+        size = f"8 heads, D = M = 64, {meta['dtype']}"
+    memory_caption = (caption + "\nlinattn: the peak of NumPy's allocations beyond the "
+                      "inputs (tracemalloc); peers: the peak growth of resident memory")
+    paths = (*time_vs_n(scaling, out / "time_vs_n", title=f"Time per sample ({size})",
+                        caption=caption, ylabel="seconds per sample"),
+             *memory_vs_n(scaling, out / "memory_vs_n",
+                          title=f"Peak memory per sample, forward + backward\n({size})",
+                          caption=memory_caption, ylabel="MiB per sample"),
+             *time_per_token(tokens, out / "time_per_token", caption=caption,
+                             title=f"Generating one token: 8 heads, D = M = 64, "
+                                   f"{meta['dtype']}"))
+    for slow in ("softmax (Numba, tiled)", "softmax (PyTorch SDPA)"):
+        n = measure.crossover_n(scaling, slow, "causal linear (Numba)")
+        print(f"\n  causal linear (Numba) faster than {slow}, fwd + bwd per sample: "
+              f"{'from N = ' + str(n) if n else 'not on the N measured'}", end="")
+    return paths
 
 
-# The figures ``main`` regenerates: (name, function(out_dir, quick) -> paths).
+# The figures ``main`` regenerates: (name, function(out_dir, quick, caption, peer_python)).
 FIGURES = [("time_vs_n, memory_vs_n, time_per_token", _benchmark),
            ("feature_map_error", _feature_maps), ("copy_task_loss", _copy_task)]
 
@@ -297,11 +356,16 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("figures"),
                         help="output folder (default: figures)")
+    parser.add_argument("--peer-python", default=None,
+                        help="an interpreter with torch and pytorch-fast-transformers: the "
+                             "time and memory figures then draw them as dashed lines")
     args = parser.parse_args(argv)
+    from .bench.timing import machine as bench_machine
+    caption = f"computed on {measure.machine_caption(bench_machine())}"
     for i, (name, make) in enumerate(FIGURES, 1):
         print(f"[{i}/{len(FIGURES)}] {name} ...", end="", flush=True)
         start = time.perf_counter()
-        paths = make(args.out, args.quick)
+        paths = make(args.out, args.quick, caption, args.peer_python)
         print(f" {time.perf_counter() - start:.1f} s -> {', '.join(map(str, paths))}")
     return 0
 

@@ -119,39 +119,102 @@ def copy_task_rows(out_dir, steps=1000, batch_size=32, eval_every=50, seed=0, le
     return rows
 
 
-# the benchmark's cases under the names the figures show
-BENCH_NAMES = {"softmax numpy": "softmax (NumPy)", "non-causal numba": "linear (Numba)",
+# the benchmark's cases under the names the figures show; the peers' carry their library
+BENCH_NAMES = {"softmax numpy": "softmax (NumPy)", "softmax numba": "softmax (Numba, tiled)",
+               "non-causal numba": "linear (Numba)",
                "causal numpy chunked": "causal linear (NumPy, chunked)",
                "causal numba": "causal linear (Numba)", "rnn step": "RNN step (Numba)",
+               "lsh-1 numba": "lsh-1 (Numba)", "lsh-4 numba": "lsh-4 (Numba)",
+               "lsh-8 numba": "lsh-8 (Numba)",
                "softmax kv-cache numpy": "softmax, key/value cache",
                "recompute prefix numba": "linear, recomputing the prefix"}
+PEER_NAMES = {"torch softmax": ("softmax (PyTorch SDPA)", "PyTorch"),
+              "pft causal linear": ("causal linear (pytorch-fast-transformers)",
+                                    "pytorch-fast-transformers")}
+# the paper's Figure 1: N = 2^9 .. 2^16 at batch x N = 2^16 tokens
+FIGURE1 = dict(min_n=2**9, max_n=2**16, tokens=2**16)
 
 
-def benchmark_rows(out_dir, quick=False):
+def benchmark_rows(out_dir, quick=False, peer_python=None, budget=5.0):
     """Run ``python -m linattn.bench`` once into ``out_dir`` (bench.json, bench_*.csv,
-    bench.txt) on the cases of ``BENCH_NAMES``: batch 1, 8 heads, D = M = 64, float32, N up
-    to 16384 (quick: 1024), the crossover at D = M = 64 only, no peers. About 6 minutes on two
-    cores (quick: seconds).
+    bench.txt) on the cases of ``BENCH_NAMES``, as the paper's Figure 1 ran: 8 heads,
+    D = M = 64, float32, N = 2^9 .. 2^16 with the batch scaled so that batch x N = 2^16
+    tokens, each case until one forward + backward takes ``budget`` seconds; the peers of
+    ``PEER_NAMES`` too when ``peer_python`` (an interpreter with torch and
+    pytorch-fast-transformers) is given. Quick: N up to 1024 and 2048 tokens, no peers.
 
     Returns
     -------
     scaling : list of dict
-        name, n, seconds_fwd, seconds_fwdbwd, peak_bytes (medians; bytes of one fwd + bwd).
+        name, n, batch, seconds_fwd, seconds_fwdbwd (medians per sample: the call's time
+        divided by the batch), peak_bytes (of one forward + backward, per sample: for
+        linattn the peak of NumPy's allocations beyond the inputs, for the peers the peak
+        growth of resident memory), library ("linattn" or the peer's).
     tokens : list of dict
         name, position, seconds_per_token.
+    meta : dict
+        machine (CPU, cores, BLAS) and settings, for the figures' captions and CSVs.
     """
     from . import bench
 
-    args = ["--out", str(out_dir), "--no-peers", "--widths", "64", "--cases",
-            *(c for c in BENCH_NAMES if c in bench.cases.CASES)]
-    args += ["--quick"] if quick else ["--max-n", "16384", "--budget", "5", "--repeats", "3",
+    args = ["--out", str(out_dir), "--widths", "64", "--cases",
+            *(c for c in BENCH_NAMES if c in bench.cases.CASES), "--budget", str(budget),
+            "--tokens", str(FIGURE1["tokens"]), "--min-n", str(FIGURE1["min_n"])]
+    args += ["--peer-python", peer_python] if peer_python else ["--no-peers"]
+    args += ["--quick"] if quick else ["--max-n", str(FIGURE1["max_n"]), "--repeats", "3",
                                        "--gen-positions", "4096", "--rounds", "3"]
     bench.main(args)
     with open(os.path.join(out_dir, "bench.json")) as f:
         results = json.load(f)
-    scaling = [{"name": BENCH_NAMES[r["case"]], "n": r["n"], "seconds_fwd": r["forward_s"],
-                "seconds_fwdbwd": r["forward_backward_s"], "peak_bytes": r["peak_extra_bytes"]}
-               for r in results["scaling"]]
+    scaling = [_per_sample(r, *_name(r["case"])) for r in results["scaling"]
+               if _name(r["case"]) is not None]
+    peers = (results.get("peers") or {}).get("scaling", [])
+    scaling += [_per_sample(r, *_name(r["case"])) for r in peers if _name(r["case"])]
     tokens = [{"name": BENCH_NAMES[r["case"]], "position": r["position"],
                "seconds_per_token": r["seconds_per_token"]} for r in results["generation"]]
-    return scaling, tokens
+    return scaling, tokens, {"machine": machine_caption(results["machine"]),
+                             "dtype": results["config"]["dtype"],
+                             "peers": results.get("peers_note") or "none"}
+
+
+def _name(case):
+    """(figure name, library) of a benchmark case, None for cases the figures leave out."""
+    if case in BENCH_NAMES:
+        return BENCH_NAMES[case], "linattn"
+    return PEER_NAMES.get(case)
+
+
+def _per_sample(row, name, library):
+    batch = row.get("batch") or 1
+
+    def each(key):
+        return None if row.get(key) is None else row[key] / batch
+    # linattn's memory: the peak of NumPy's allocations (tracemalloc, exact; the kernels'
+    # own scratch is a few tiles); the peers': the peak growth of resident memory
+    memory = "peak_extra_bytes" if library == "linattn" else "peak_rss_bytes"
+    return {"name": name, "n": row["n"], "batch": batch, "seconds_fwd": each("forward_s"),
+            "seconds_fwdbwd": each("forward_backward_s"), "peak_bytes": each(memory),
+            "library": library}
+
+
+def machine_caption(machine):
+    """One line naming the machine of a benchmark's ``machine`` dict: CPU, cores, BLAS."""
+    blas = machine.get("blas")
+    if isinstance(blas, list) and blas:
+        b = blas[0]
+        blas = f"{b.get('internal_api')} {b.get('version')} ({b.get('architecture')})"
+    return (f"{machine.get('cpu')}, {machine.get('cores_available')} cores, BLAS {blas}, "
+            f"numba {machine.get('numba')} on {machine.get('numba_threads')} threads")
+
+
+def crossover_n(rows, slow, fast, key="seconds_fwdbwd"):
+    """The first N at which curve ``fast`` takes less time than curve ``slow`` and stays
+    below it at every larger N both were measured at, from ``benchmark_rows``' scaling rows;
+    None when that never happens on the N measured."""
+    a = {r["n"]: r[key] for r in rows if r["name"] == slow and r.get(key) is not None}
+    b = {r["n"]: r[key] for r in rows if r["name"] == fast and r.get(key) is not None}
+    common = sorted(set(a) & set(b))
+    for i, n in enumerate(common):
+        if all(b[m] < a[m] for m in common[i:]):
+            return n
+    return None

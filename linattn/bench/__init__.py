@@ -43,7 +43,11 @@ def parse(argv):
     p.add_argument("--dim", type=int, default=64, help="D, query/key width")
     p.add_argument("--value-dim", type=int, default=64, help="M, value width")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--min-n", type=int, default=128, help="smallest N (a power of two)")
     p.add_argument("--max-n", type=int, default=65536, help="largest N (a power of two)")
+    p.add_argument("--tokens", type=int, default=None,
+                   help="keep batch x N at TOKENS, batch = max(1, TOKENS // N), as the "
+                        "paper's Figure 1 does (default: --batch at every N)")
     p.add_argument("--compare-n", type=int, default=4096, help="N of the head-to-head rounds and the summary")
     p.add_argument("--cross-n", type=int, default=4096, help="N of the crossover")
     p.add_argument("--gen-positions", type=int, default=16384)
@@ -64,12 +68,16 @@ def parse(argv):
     cfg = p.parse_args(argv)
     if cfg.rounds < 1:
         p.error(f"--rounds must be at least 1, got {cfg.rounds}")
+    if cfg.tokens is not None and cfg.tokens < 1:
+        p.error(f"--tokens must be positive, got {cfg.tokens}")
     if cfg.quick:
-        cfg.max_n, cfg.compare_n, cfg.cross_n = 1024, 1024, 512
+        cfg.min_n, cfg.max_n, cfg.compare_n, cfg.cross_n = min(cfg.min_n, 128), 1024, 1024, 512
+        cfg.tokens = None if cfg.tokens is None else min(cfg.tokens, 2048)
         cfg.gen_positions, cfg.repeats, cfg.budget, cfg.pause = 1024, 2, 1.0, 0.01
         cfg.rounds = 2
         cfg.widths = [w for w in cfg.widths if w <= 64]
-    cfg.ns = [2**j for j in range(7, cfg.max_n.bit_length()) if 2**j <= cfg.max_n]
+    cfg.ns = [2**j for j in range(max(0, cfg.min_n.bit_length() - 1), cfg.max_n.bit_length())
+              if cfg.min_n <= 2**j <= cfg.max_n]
     if cfg.compare_n not in cfg.ns:
         cfg.ns = sorted(set(cfg.ns) | {cfg.compare_n})
     return cfg
@@ -133,7 +141,7 @@ def peers(cfg):
     """The peers at every N (their step is timed in ``head_to_head``), from ``peers.py`` run by
     ``cfg.peer_python``: (result, note), or (None, why)."""
     result, note = _peers(cfg, {"ns": cfg.ns, "max_linear_n": cfg.max_n,
-                                "budget": cfg.budget})
+                                "budget": cfg.budget, "tokens": cfg.tokens})
     if result is None:
         return None, note
     note = f"torch {result['torch']} ({result['threads']} threads)"
@@ -152,8 +160,12 @@ def _peers(cfg, config):
         return None, f"skipped: no torch in {cfg.peer_python} (see --peer-python)"
     config = {"batch": cfg.batch, "heads": cfg.heads, "dim": cfg.dim,
               "value_dim": cfg.value_dim, "eps": 1e-6, "repeats": cfg.repeats, **config}
+    # a fixed mmap threshold: glibc then returns every large array to the system when it is
+    # freed, so that the peers' peak resident memory (timing.peak_rss_bytes) follows what
+    # they hold instead of what glibc kept from earlier calls
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 17)}
     run = subprocess.run([cfg.peer_python, os.path.join(os.path.dirname(__file__), "peers.py"),
-                          json.dumps(config)], capture_output=True, text=True)
+                          json.dumps(config)], capture_output=True, text=True, env=env)
     if run.returncode != 0:
         return None, f"failed: {run.stderr.strip().splitlines()[-1:]}"
     return json.loads(run.stdout), None

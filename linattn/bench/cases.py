@@ -4,6 +4,8 @@ attention, the loops-versus-blocks crossover, and the cost of generating one tok
 Every case is a pair (forward, forward + backward) of closures over float arrays of shape
 (batch, heads, N, D); a case stops growing N once one forward + backward takes longer than
 the time budget, and softmax on NumPy once its N x N matrices would not fit in memory.
+With ``--tokens T`` the batch shrinks as N grows, batch = max(1, T // N), as in the paper's
+Figure 1, so that time and memory per sample can be compared across N at a constant load.
 """
 import functools
 import time
@@ -11,7 +13,8 @@ import time
 import numpy as np
 
 from .. import (linear_attention, linear_attention_backward, linear_attention_step,
-                softmax_attention, softmax_attention_backward)
+                lsh_attention, lsh_attention_backward, softmax_attention,
+                softmax_attention_backward)
 from . import timing
 
 
@@ -27,6 +30,14 @@ def _softmax(backend):
             lambda q, k, v, dout: softmax_attention_backward(dout, q, k, v, **kw))
 
 
+def _lsh(rounds):
+    """Reformer attention of ``rounds`` hash rounds, chunks of 32 (the paper's lsh-1/4/8),
+    not causal, with q as the shared queries-and-keys (k is not used)."""
+    kw = dict(n_hashes=rounds, chunk_size=32, backend="numba")
+    return (lambda q, k, v: lsh_attention(q, v, **kw),
+            lambda q, k, v, dout: lsh_attention_backward(dout, q, v, **kw))
+
+
 # name -> (forward, backward); softmax is causal, like the linear forms named so
 CASES = {
     "softmax numpy": _softmax("numpy"),
@@ -38,10 +49,18 @@ CASES = {
     "causal numba loops": _linear(True, "linear", "numba"),
     "causal numba chunked": _linear(True, "chunked", "numba"),
     "causal numba": _linear(True, "auto", "numba"),       # the default: the blocks
+    "lsh-1 numba": _lsh(1),
+    "lsh-4 numba": _lsh(4),
+    "lsh-8 numba": _lsh(8),
 }
 SCALING = tuple(name for name in CASES if name != "non-causal numba loops")
 CROSSOVER = ("causal numba loops", "causal numba chunked", "non-causal numba loops",
              "non-causal numba")
+
+
+def batch_at(cfg, n):
+    """The batch at length ``n``: ``cfg.batch``, or max(1, T // n) with ``--tokens T``."""
+    return cfg.batch if cfg.tokens is None else max(1, cfg.tokens // n)
 
 
 def inputs(batch, heads, n, d, m, dtype, seed=0):
@@ -92,16 +111,18 @@ def scaling(cfg, progress):
     ``cfg.budget`` seconds for one forward + backward."""
     rows, stopped = [], set()
     for n in cfg.ns:
-        q, k, v, dout = inputs(cfg.batch, cfg.heads, n, cfg.dim, cfg.value_dim, cfg.dtype)
+        batch = batch_at(cfg, n)
+        q, k, v, dout = inputs(batch, cfg.heads, n, cfg.dim, cfg.value_dim, cfg.dtype)
         for name in cfg.cases:
             advance(progress, f"{name} N={n}")
             if name in stopped:
                 continue
-            if name == "softmax numpy" and not _softmax_fits(cfg.batch, cfg.heads, n,
+            if name == "softmax numpy" and not _softmax_fits(batch, cfg.heads, n,
                                                              q.itemsize):
                 stopped.add(name)
                 continue
             row = measure(name, q, k, v, dout, cfg.repeats, cfg.pause)
+            row["batch"] = batch
             rows.append(row)
             if row["forward_backward_s"] > cfg.budget:
                 stopped.add(name)
@@ -151,7 +172,10 @@ def generation(cfg, progress):
     advance(progress, f"generation: RNN step x {n}")
     linear_attention_step(q_t[0], k_t[0], v_t[0])                 # warm-up: load the kernel
     timing.settle(cfg.pause)
-    per_token = step_seconds(q_t, k_t, v_t)
+    # each position's median over several scans: the first steps of a scan run on cold
+    # caches, and one scan's timer would read them as a cost of the position
+    per_token = np.median([step_seconds(q_t, k_t, v_t) for _ in range(max(3, cfg.repeats))],
+                          axis=0)
     for t in _positions(n):
         window = per_token[max(0, t - max(1, t // 8)):t]  # the tokens just before position t
         rows.append({"case": "rnn step", "position": t, "seconds_per_token":

@@ -15,13 +15,9 @@ import timeit
 
 import numpy as np
 
-
-def seconds(f, repeats):
-    """(median, best) wall time of ``f()`` over ``repeats`` calls after one warm-up call,
-    as ``linattn.bench.timing.seconds`` (which this script cannot import)."""
-    f()
-    times = timeit.repeat(f, number=1, repeat=repeats)
-    return float(np.median(times)), min(times)
+# the sibling module, found through this script's folder: this script runs in the peers'
+# interpreter, which has no linattn installed
+from timing import peak_rss_bytes, seconds
 
 
 def cases(torch, b, h, n, d, m, eps):
@@ -115,17 +111,18 @@ def main(config):
         result["fast_transformers"] = False
     stopped = set()
     for n in config["ns"]:
-        table = cases(torch, config["batch"], config["heads"], n, config["dim"],
+        tokens = config.get("tokens")
+        batch = config["batch"] if tokens is None else max(1, tokens // n)
+        table = cases(torch, batch, config["heads"], n, config["dim"],
                       config["value_dim"], config["eps"])
         for name, (forward, both) in table.items():
             if name in stopped or not (name == "torch softmax" or n <= config["max_linear_n"]):
                 continue
-            start = time.perf_counter()
-            both()
-            reps = config["repeats"] if time.perf_counter() - start < 2.0 else 1
-            row = {"case": name, "n": n}
+            reps = config["repeats"] if timeit.timeit(both, number=1) < 2.0 else 1
+            row = {"case": name, "n": n, "batch": batch}
             row["forward_s"], row["forward_best_s"] = seconds(forward, reps)
             row["forward_backward_s"], row["forward_backward_best_s"] = seconds(both, reps)
+            row["peak_rss_bytes"] = peak_rss_bytes(both)
             result["scaling"].append(row)
             if row["forward_backward_s"] > config["budget"]:
                 stopped.add(name)

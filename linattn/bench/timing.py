@@ -9,6 +9,8 @@
 - ``peak_bytes``: the largest amount of NumPy memory a call holds beyond what existed
   before it (``tracemalloc`` sees every NumPy array, including those the kernels write
   into; the few small buffers Numba allocates inside a compiled loop are not counted).
+- ``peak_rss_bytes``: the peak growth of resident memory during a call, which also sees
+  Numba's and PyTorch's own allocations (Linux).
 - ``machine``: CPU model, cores, library versions, the BLAS from threadpoolctl if installed.
 - ``matmul_gflops``: float32 matrix-product GFLOP/s through NumPy, the ceiling each result is
   compared with.
@@ -84,6 +86,29 @@ def peak_bytes(f):
     finally:
         tracemalloc.stop()
     return peak - before
+
+
+def peak_rss_bytes(f):
+    """Peak growth of the process's resident memory during ``f()``, in bytes: the kernel's
+    high-water mark (VmHWM) reset before the call (/proc/self/clear_refs), minus the resident
+    size then. It sees every allocation, NumPy's, Numba's and PyTorch's alike, at page
+    granularity; None where Linux's /proc does not allow it."""
+    try:
+        before = _status_bytes("VmRSS")
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")                           # 5: reset the peak to the current RSS
+    except OSError:
+        return None
+    f()
+    return max(0, _status_bytes("VmHWM") - before)
+
+
+def _status_bytes(field):
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024          # the file counts kB
+    raise OSError(f"no {field} in /proc/self/status")
 
 
 def matmul_gflops(n=2048, repeats=5):

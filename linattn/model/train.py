@@ -171,8 +171,11 @@ def copy_setup(attention="linear", paper=False, variable=True, positions="learne
 
     ``overrides`` replace entries of ``DEFAULT_COPY`` / ``PAPER_COPY`` (``length``,
     ``d_model``, ``n_layers``, ``n_heads``, ``d_mlp``) or set other ModelConfig fields.
-    Returns (CopyTask, ModelConfig).
+    ``attention`` may also be "lsh-R", the paper's name for Reformer attention of R hash
+    rounds (``attention="lsh", n_hashes=R``). Returns (CopyTask, ModelConfig).
     """
+    if attention.startswith("lsh-"):
+        attention, overrides = "lsh", {"n_hashes": int(attention[4:]), **overrides}
     sizes = {**(PAPER_COPY if paper else DEFAULT_COPY), **overrides}
     task = CopyTask(length=sizes.pop("length"), variable=variable)
     cfg = ModelConfig(vocab_size=task.vocab_size, max_len=task.seq_len, attention=attention,
