@@ -110,28 +110,41 @@ def threads(cfg):
 
 
 def head_to_head(cfg, progress):
-    """The summary's ratios measured in ``cfg.rounds`` rounds; each round takes in turn
-    linattn's causal forward and forward + backward at ``cfg.compare_n`` (best of
-    ``cfg.repeats``), the median seconds per token of 1024 RNN steps, the same two of pft
-    (one ``peers.py`` subprocess, None without it) and the matmul ceiling. A load that comes
-    and goes over seconds to minutes then weighs on both sides of each round's ratios alike;
-    the summary takes their median over the rounds."""
+    """The summary's ratios measured in ``cfg.rounds`` rounds at ``cfg.compare_n``; each round
+    takes in turn: linattn's causal linear attention, forward and forward + backward (best of
+    ``cfg.repeats``), and the median seconds per token of 1024 RNN steps; the forward and
+    forward + backward of each other case of ``cases.PAIRS`` (best of ``cfg.repeats``); the
+    peers' side of every pair and pft's step (one ``peers.py`` subprocess; None without it);
+    and the matmul ceiling. A load that comes and goes over seconds to minutes then weighs on
+    both sides of each round's ratios alike; the summary takes their median over the rounds."""
     q, k, v, dout = cases.inputs(cfg.batch, cfg.heads, cfg.compare_n, cfg.dim, cfg.value_dim,
                                  cfg.dtype)
-    forward, backward = cases.CASES["causal numba"]
     steps = cases.tokens(*cases.inputs(1, cfg.heads, 1024, cfg.dim, cfg.value_dim,
                                        cfg.dtype, seed=1)[:3])
-    config = {"head_to_head": True, "n": cfg.compare_n, "steps": len(steps[0])}
+    pairs = [(ours, peer) for ours, peer in cases.PAIRS if ours in cfg.cases
+             or ours == "causal numba"]
+    config = {"head_to_head": True, "n": cfg.compare_n, "steps": len(steps[0]),
+              "cases": [peer for _, peer in pairs]}
     rounds = []
     for r in range(cfg.rounds):
         cases.advance(progress, f"head to head, round {r + 1}")
-        timing.settle(cfg.pause)
-        row = {"forward_s": timing.seconds(lambda: forward(q, k, v), cfg.repeats)[1],
-               "forward_backward_s": timing.seconds(
-                   lambda: (forward(q, k, v), backward(q, k, v, dout)), cfg.repeats)[1],
-               "step_s": float(np.median(cases.step_seconds(*steps)))}
-        peer = _peers(cfg, config)[0] or {"forward_backward_s": None, "step_s": None}
-        row.update({"pft_" + key: value for key, value in peer.items()})
+        row = {}
+        for ours, _ in pairs:
+            forward, backward = cases.CASES[ours]
+            timing.settle(cfg.pause)
+            fwd = timing.seconds(lambda: forward(q, k, v), cfg.repeats)[1]
+            both = timing.seconds(lambda: (forward(q, k, v), backward(q, k, v, dout)),
+                                  cfg.repeats)[1]
+            row.update({f"{ours} forward_s": fwd, f"{ours} forward_backward_s": both})
+        row["forward_s"] = row["causal numba forward_s"]          # the headline case
+        row["forward_backward_s"] = row["causal numba forward_backward_s"]
+        row["step_s"] = float(np.median(cases.step_seconds(*steps)))
+        peer = _peers(cfg, config)[0] or {}
+        row["pft_forward_backward_s"] = peer.get("pft causal linear forward_backward_s")
+        row["pft_step_s"] = peer.get("step_s")
+        for _, name in pairs:
+            for key in ("forward_s", "forward_backward_s"):
+                row[f"{name} {key}"] = peer.get(f"{name} {key}")
         row["ceiling_gflops"] = timing.matmul_gflops(repeats=3)  # last: its threads spin on
         rounds.append(row)
     return rounds

@@ -24,8 +24,8 @@ def _linear(causal, method, backend):
             lambda q, k, v, dout: linear_attention_backward(dout, q, k, v, **kw))
 
 
-def _softmax(backend):
-    kw = dict(causal=True, backend=backend)
+def _softmax(backend, causal=True):
+    kw = dict(causal=causal, backend=backend)
     return (lambda q, k, v: softmax_attention(q, k, v, **kw),
             lambda q, k, v, dout: softmax_attention_backward(dout, q, k, v, **kw))
 
@@ -42,6 +42,7 @@ def _lsh(rounds):
 CASES = {
     "softmax numpy": _softmax("numpy"),
     "softmax numba": _softmax("numba"),
+    "softmax numba non-causal": _softmax("numba", causal=False),
     "non-causal numba": _linear(False, "auto", "numba"),  # the default: matrix products
     "non-causal numba loops": _linear(False, "linear", "numba"),
     "causal numpy linear": _linear(True, "linear", "numpy"),
@@ -53,7 +54,12 @@ CASES = {
     "lsh-4 numba": _lsh(4),
     "lsh-8 numba": _lsh(8),
 }
-SCALING = tuple(name for name in CASES if name != "non-causal numba loops")
+SCALING = tuple(name for name in CASES
+                if name not in ("non-causal numba loops", "softmax numba non-causal"))
+# the head-to-head: each of our cases against the peer a user would pick instead (peers.py)
+PAIRS = (("causal numba", "pft causal linear"), ("softmax numba", "torch softmax"),
+         ("softmax numba non-causal", "torch softmax non-causal"),
+         ("lsh-1 numba", "pft reformer-1"), ("lsh-4 numba", "pft reformer-4"))
 CROSSOVER = ("causal numba loops", "causal numba chunked", "non-causal numba loops",
              "non-causal numba")
 

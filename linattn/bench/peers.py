@@ -20,6 +20,10 @@ import numpy as np
 from timing import peak_rss_bytes, seconds
 
 
+# the cases timed at every N (the others only in the head-to-head)
+SCALING = ("torch softmax", "pft causal linear", "pft linear non-causal", "pft causal product")
+
+
 def cases(torch, b, h, n, d, m, eps):
     """name -> (forward, forward + backward), each a closure over fixed random inputs.
 
@@ -35,7 +39,9 @@ def cases(torch, b, h, n, d, m, eps):
         return x.detach().contiguous().requires_grad_()
 
     table = {"torch softmax": (lambda q, k, v: functional.scaled_dot_product_attention(
-        q, k, v, is_causal=True), tuple(map(leaf, (q, k, v))), dout)}
+        q, k, v, is_causal=True), tuple(map(leaf, (q, k, v))), dout),
+        "torch softmax non-causal": (lambda q, k, v: functional.scaled_dot_product_attention(
+            q, k, v), tuple(map(leaf, (q, k, v))), dout)}
     try:
         from fast_transformers.attention import CausalLinearAttention, LinearAttention
         from fast_transformers.causal_product import causal_dot_product
@@ -54,7 +60,23 @@ def cases(torch, b, h, n, d, m, eps):
         table["pft linear non-causal"] = (
             lambda q, k, v: full(q, k, v, FullMask(n), lengths, lengths), seq, dout_seq)
         table["pft causal product"] = (causal_dot_product, (*phi, leaf(v)), dout)
+        if n % 32 == 0:                        # pft's Reformer needs whole chunks
+            for rounds in (1, 4):
+                table[f"pft reformer-{rounds}"] = (_reformer(torch, n, rounds, lengths),
+                                                   seq[:1] + seq[2:], dout_seq)
     return {name: _runners(torch, *entry) for name, entry in table.items()}
+
+
+def _reformer(torch, n, rounds, lengths):
+    """pft's ReformerAttention with linattn's LSH settings: chunks of 32, as many buckets
+    (2 x bits) as linattn's default 2 ceil(N / 32), ``rounds`` rounds, no dropout, queries as
+    keys. Its ``masked=True`` (no attention to oneself, as linattn) adds an N x N matrix, so
+    it is left False; its rounds are averaged with equal weights."""
+    from fast_transformers.attention import ReformerAttention
+    from fast_transformers.masking import FullMask
+    module = ReformerAttention(chunk_size=32, bits=-(-n // 32), rounds=rounds,
+                               attention_dropout=0.0)
+    return lambda qk, v: module(qk, qk, v, FullMask(n), lengths, lengths)
 
 
 def _runners(torch, forward, args, dout):
@@ -89,16 +111,23 @@ def generation(torch, h, d, m, positions):
 
 
 def head_to_head(torch, config):
-    """Best seconds of pft's causal forward + backward at N = ``config["n"]``, and the median
-    seconds per token of its step over ``config["steps"]`` tokens; None without pft."""
+    """Best seconds of the forward and forward + backward of each case in
+    ``config["cases"]`` at N = ``config["n"]`` (``"NAME forward_s"``, ``"NAME
+    forward_backward_s"``; cases this interpreter lacks are left out), and the median
+    seconds per token of pft's step over ``config["steps"]`` tokens (``"step_s"``)."""
     table = cases(torch, config["batch"], config["heads"], config["n"], config["dim"],
                   config["value_dim"], config["eps"])
-    if "pft causal linear" not in table:
-        return {"forward_backward_s": None, "step_s": None}
-    best = seconds(table["pft causal linear"][1], config["repeats"])[1]
-    per_token = generation(torch, config["heads"], config["dim"], config["value_dim"],
-                           config["steps"])                        # on one thread: after
-    return {"forward_backward_s": best, "step_s": float(np.median(per_token))}
+    result = {}
+    for name in config["cases"]:
+        if name in table:
+            forward, both = table[name]
+            result[f"{name} forward_s"] = seconds(forward, config["repeats"])[1]
+            result[f"{name} forward_backward_s"] = seconds(both, config["repeats"])[1]
+    if "pft causal linear" in table:
+        per_token = generation(torch, config["heads"], config["dim"], config["value_dim"],
+                               config["steps"])                    # on one thread: after
+        result["step_s"] = float(np.median(per_token))
+    return result
 
 
 def main(config):
@@ -116,7 +145,8 @@ def main(config):
         table = cases(torch, batch, config["heads"], n, config["dim"],
                       config["value_dim"], config["eps"])
         for name, (forward, both) in table.items():
-            if name in stopped or not (name == "torch softmax" or n <= config["max_linear_n"]):
+            if name not in SCALING or name in stopped or not (
+                    name == "torch softmax" or n <= config["max_linear_n"]):
                 continue
             reps = config["repeats"] if timeit.timeit(both, number=1) < 2.0 else 1
             row = {"case": name, "n": n, "batch": batch}

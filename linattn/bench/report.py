@@ -6,6 +6,8 @@ import os
 
 import numpy as np
 
+from .cases import PAIRS
+
 
 def _find(rows, name, **where):
     """The first row of the case ``name`` matching ``where``, or None."""
@@ -17,6 +19,12 @@ def _find(rows, name, **where):
 
 def _ratio(num, den):
     return None if num is None or den is None or den == 0 else num / den
+
+
+def _median(rounds, key):
+    """The median of ``key`` over the rounds that measured it, or None."""
+    values = [r[key] for r in rounds if r.get(key) is not None]
+    return float(np.median(values)) if values else None
 
 
 def _median_ratio(rounds, num, den):
@@ -34,10 +42,13 @@ def summary(results):
     flops = 4 * n * cfg["dim"] * cfg["value_dim"] * cfg["batch"] * cfg["heads"]
     ceiling = float(np.median([r["ceiling_gflops"] for r in rounds]))
     threads = results["threads"]
-    rows = [
-        (f"causal fwd+bwd N={n}: pft CausalLinearAttention / numba",
-         _median_ratio(rounds, lambda r: r["pft_forward_backward_s"],
-                       lambda r: r["forward_backward_s"])),
+    rows = [(f"{'fwd+bwd' if key == 'forward_backward_s' else 'forward'} N={n}: "
+             f"{peer} / {ours}",
+             _median_ratio(rounds, lambda r: r.get(f"{peer} {key}"),
+                           lambda r: r.get(f"{ours} {key}")))
+            for ours, peer in PAIRS for key in ("forward_s", "forward_backward_s")
+            if any(r.get(f"{ours} {key}") is not None for r in rounds)]
+    rows += [
         (f"causal forward N={n}: fraction of float32 matmul GFLOP/s",
          _median_ratio(rounds, lambda r: flops / r["forward_s"] / 1e9,
                        lambda r: r["ceiling_gflops"])),
@@ -49,7 +60,8 @@ def summary(results):
     big = max((r for r in scaling if r["case"] == "causal numba"), key=lambda r: r["n"],
               default=None)
     if big is not None:
-        inputs = 2 * (cfg["dim"] + cfg["value_dim"]) * big["n"] * cfg["batch"] * cfg["heads"]
+        batch = big.get("batch") or cfg["batch"]
+        inputs = 2 * (cfg["dim"] + cfg["value_dim"]) * big["n"] * batch * cfg["heads"]
         inputs *= np.dtype(cfg["dtype"]).itemsize
         rows.append((f"causal fwd+bwd N={big['n']}: peak extra memory / bytes of q,k,v,dout",
                      _ratio(big["peak_extra_bytes"], inputs)))
@@ -104,6 +116,15 @@ def text(results):
               "us per token)",
               _table(["round", "GFLOP/s", "fwd ms", "fwd+bwd ms", "pft fwd+bwd ms",
                       "step us", "pft step us"], table)]
+    pair_rows = []
+    for ours, peer in PAIRS:
+        cells = [_median(results["head_to_head"], f"{name} {key}")
+                 for key in ("forward_s", "forward_backward_s") for name in (ours, peer)]
+        if any(c is not None for c in cells):
+            pair_rows.append([ours, peer] + [_fmt(c, 1e3, 1) for c in cells])
+    parts += ["", f"pairs at N={n}: medians over the rounds of the best times, ms",
+              _table(["ours", "peer", "fwd", "peer fwd", "fwd+bwd", "peer fwd+bwd"],
+                     pair_rows)]
     rows = results["scaling"] + (results.get("peers") or {}).get("scaling", [])
     cases = list(dict.fromkeys(r["case"] for r in rows))
     ns = sorted({r["n"] for r in rows})
