@@ -184,3 +184,19 @@ def test_mixed_arrays_are_type_errors(cp):
         linear_attention(cp.asarray(q), k, v)
     with pytest.raises(TypeError, match="state must hold cupy arrays"):
         linear_attention_step(*on_gpu(cp, q[0], k[0], v[0]), State(np.zeros((2, 2)), np.zeros(2)))
+
+
+@given(n_q=st.integers(1, 70), n_k=st.integers(1, 70), lead=leads,
+       seed=st.integers(0, 2**32 - 1))
+def test_cross_attention_matches_numpy(cp, n_q, n_k, lead, seed):
+    rng = np.random.default_rng(seed)
+    q, k = rng.standard_normal((*lead, n_q, 4)), rng.standard_normal((*lead, n_k, 4))
+    v, dout = rng.standard_normal((*lead, n_k, 3)), rng.standard_normal((*lead, n_q, 3))
+    for f, f_backward in ((softmax_attention, softmax_attention_backward),
+                          (linear_attention, linear_attention_backward)):
+        out = f(*on_gpu(cp, q, k, v), backend="cupy")
+        np.testing.assert_allclose(cp.asnumpy(out), f(q, k, v, backend="numpy"), rtol=1e-10,
+                                   atol=1e-12)
+        grads = f_backward(*on_gpu(cp, dout, q, k, v), backend="cupy")
+        for g, w in zip(grads, f_backward(dout, q, k, v, backend="numpy")):
+            np.testing.assert_allclose(cp.asnumpy(g), w, rtol=1e-10, atol=1e-11)

@@ -150,3 +150,32 @@ def test_softmax_rows_longer_than_a_block(emulated):
     launch.launch("softmax.cu", "softmax_rows_backward", (3,), (p, dp, 300, 0.5))
     want = p * (logits[::-1] - (logits[::-1] * p).sum(axis=1, keepdims=True)) * 0.5
     np.testing.assert_allclose(dp, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("n_q, n_k", [(1, 9), (7, 3), (300, 2)])
+def test_softmax_cross_attention_matches_numpy(emulated, n_q, n_k):
+    """Rows of Nk logits, Nq rows a head: the kernels' row length is the number of keys."""
+    rng = np.random.default_rng(n_q + n_k)
+    q, k, v = (rng.standard_normal((2, n, w)) for n, w in ((n_q, 3), (n_k, 3), (n_k, 4)))
+    dout = rng.standard_normal((2, n_q, 4))
+    want = softmax_attention(q, k, v, backend="numpy")
+    np.testing.assert_allclose(softmax.attend(q, k, v, causal=False, scale=3 ** -0.5), want,
+                               rtol=1e-10)
+    wants = softmax_attention_backward(dout, q, k, v, backend="numpy")
+    gots = softmax.attend_backward(dout, q, k, v, causal=False, scale=3 ** -0.5)
+    for g, w in zip(gots, wants):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("form", [cumulative, chunked])
+def test_linear_cross_attention_matches_numpy(emulated, form):
+    rng = np.random.default_rng(4)
+    phi_q, phi_k = np.exp(rng.standard_normal((2, 5, 3))), np.exp(rng.standard_normal((2, 9, 3)))
+    v, dout = rng.standard_normal((2, 9, 4)), rng.standard_normal((2, 5, 4))
+    kw = dict(causal=False, eps=1e-6)
+    np.testing.assert_allclose(form.attend(phi_q, phi_k, v, **kw),
+                               numpy_chunked.attend(phi_q, phi_k, v, chunk_size=4, **kw),
+                               rtol=1e-10)
+    for g, w in zip(form.attend_backward(dout, phi_q, phi_k, v, **kw),
+                    numpy_chunked.attend_backward(dout, phi_q, phi_k, v, chunk_size=4, **kw)):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
