@@ -29,6 +29,11 @@ products of the five per tile, and the exps) to save those copies.
 Small work (``PARALLEL_WORK``) runs the same units on the calling thread.
 Memory: out, lse and D (Nq (M + 2)) in the backward, the dq copies, and O(B C) scratch per
 unit; never Nq x Nk. Cost: O(Nq Nk (D + M)) time, halved when causal.
+Measured (N = 4096, 8 heads, D = M = 64, float32, 2 threads, alternating with torch 2.13's
+scaled_dot_product_attention on 2 threads; a shared, loaded machine, rough): forward 1.0-1.1
+times SDPA's time, forward + backward 1.1-1.3 times (this backward reruns the forward, nine
+products per tile against SDPA's seven), causal or not; 3-3.5 times faster forward and
+5.5-6.5 times faster forward + backward than the row-by-row loops this replaced.
 Oracle: ``linattn.softmax`` (NumPy). Same signatures: already validated arrays.
 """
 import math
