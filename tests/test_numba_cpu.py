@@ -231,12 +231,11 @@ def test_float32_stays_float32_inside_the_loops():
     s, z = np.zeros((2, 4, 4), np.float32), np.zeros((2, 4), np.float32)
     row = np.ascontiguousarray(x[:, 0])         # the wrapper hands the kernel C order
     assert not float64_in_ir(step._step, row, row, row, s, z, eps, True)
-    stats = np.empty((3, 2, 5), np.float32)
-    xt = np.ascontiguousarray(x.swapaxes(-1, -2))
-    assert not float64_in_ir(softmax._by_queries, x, x, xt, x, xt, x, True, eps, out, x.copy(),
-                             stats, 1)
-    assert not float64_in_ir(softmax._by_keys, x, xt, x, x, x, xt, True, eps, stats, out,
-                             x.copy(), 1)
+    lse, delta, dq_parts = np.empty((2, 5), np.float32), np.empty((2, 5), np.float32), x[None]
+    assert not float64_in_ir(softmax._forward_unit, 1, x, x, x, x, True, eps, 2, 3, out, lse,
+                             delta)
+    assert not float64_in_ir(softmax._backward_unit, 1, x, x, x, x, lse, delta, True, eps, 2,
+                             3, dq_parts.copy(), x.copy(), x.copy())
     # the check can fail: the same loop given a float64 scalar computes in double
     assert float64_in_ir(products.causal_product, x, x, x, False, 1e-6, out, den, 1)
 
