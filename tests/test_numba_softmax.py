@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, strategies as st
 from numba import njit
 
-from linattn import softmax as numpy_softmax
+from linattn.forms import softmax as numpy_softmax
 from linattn.numba_cpu import flash_tiles, softmax
 
 from conftest import assert_gradients_match, relative_error

@@ -12,7 +12,8 @@ validate once and ``linattn.dispatch`` picks a module here.
                 code.
 - ``elu``       elu+1 (Eq. 7) and its derivative with a vectorisable exp.
 - ``step``      one RNN step, Eq. (16)-(20), in one call.
-- ``softmax``   softmax attention forward and backward in O(N) memory per worker.
+- ``softmax``   softmax attention in tiles (the online softmax), never the N x N matrix;
+                ``flash_tiles``: its element loops.
 - ``lsh``       Reformer (LSH) attention, chunk by chunk, on NumPy's hashing
                 (``forms.lsh`` is its oracle; the public module is ``linattn.lsh``).
 

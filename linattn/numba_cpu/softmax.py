@@ -34,7 +34,7 @@ scaled_dot_product_attention on 2 threads; a shared, loaded machine, rough): for
 times SDPA's time, forward + backward 1.1-1.3 times (this backward reruns the forward, nine
 products per tile against SDPA's seven), causal or not; 3-3.5 times faster forward and
 5.5-6.5 times faster forward + backward than the row-by-row loops this replaced.
-Oracle: ``linattn.softmax`` (NumPy). Same signatures: already validated arrays.
+Oracle: ``linattn.forms.softmax`` (NumPy). Same signatures: already validated arrays.
 """
 import math
 
@@ -45,7 +45,7 @@ from numba import njit, prange
 from . import flash_tiles as tile
 from .blas import gemm
 from .chunked import SINGLE_THREAD_PRODUCT
-from .normaliser import rows as as_rows
+from .._checks import rows as as_rows
 
 # Queries per block B, and keys per block C <= PRODUCT_BUDGET / (B max(D, M)), so each
 # product (B C max(D, M) multiply-adds) stays under OpenBLAS's threading threshold
