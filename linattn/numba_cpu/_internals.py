@@ -4,11 +4,13 @@
   exposes, through the entry point Numba's own ``np.dot`` uses (``numba_xxgemm``, SciPy's
   BLAS), for ``blas.gemm``.
 - ``with_bits``: a float from its bit pattern, for the vectorisable exp of ``elu``.
+- ``fmuladd``: a b + c in one instruction where the CPU has FMA, for ``flash_tiles``'s exp.
 
 They rely on ``numba.core.cgutils`` and ``numba.np.linalg``, which are not public and may move
 between Numba releases (``pyproject.toml`` pins the range CI tests). If this module fails to
-import, ``blas`` and ``elu`` fall back to plain compiled loops and ``math.exp``: the same
-results, slower; ``tests/test_numba_fallback.py`` runs the backend that way.
+import, ``blas``, ``elu`` and ``flash_tiles`` fall back to plain compiled loops and
+``math.exp``: the same results, slower; ``tests/test_numba_fallback.py`` runs the backend
+that way.
 """
 from llvmlite import ir
 from numba import types
@@ -85,3 +87,19 @@ def with_bits(typingctx, bits, like):
         return builder.bitcast(raw, context.get_value_type(like))
 
     return like(bits, like), codegen
+
+
+@intrinsic
+def fmuladd(typingctx, a, b, c):
+    """a b + c, rounded once where the CPU has FMA (``llvm.fmuladd``), else twice."""
+    if not (isinstance(a, types.Float) and a == b == c):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ty = context.get_value_type(a)
+        name = f"llvm.fmuladd.f{a.bitwidth}"
+        fn = cgutils.get_or_insert_function(builder.module,
+                                            ir.FunctionType(ty, [ty, ty, ty]), name)
+        return builder.call(fn, args)
+
+    return a(a, b, c), codegen

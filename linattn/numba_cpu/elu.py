@@ -3,12 +3,12 @@ arXiv:2006.16236), and its derivative, as compiled element functions that the Nu
 apply to blocks of q and k as they load them (no array of features is ever made).
 
 phi(x) = x + 1 for x > 0 and exp(x) otherwise. Numba calls the C library's exp one element at
-a time (~6 ns each here, ten times NumPy's SIMD exp), so ``_exp32`` and ``_exp64`` compute
+a time (~6 ns each here, ten times NumPy's SIMD exp), so ``exp32`` and ``exp64`` compute
 exp(x), x <= 0, with arithmetic the compiler vectorises:
     exp(x) = 2^n exp(r),  n = round(x / ln 2),  r = x - n ln 2 in [-ln2/2, ln2/2],
 with ln 2 split in two parts (the high part has few bits, so n ln2_hi is exact), exp(r) by
 its Taylor series to r^7 (float32) or r^13 (float64), whose remainder is below half an ulp
-on that interval, and 2^n written straight into a float's exponent bits (``_with_bits``; a
+on that interval, and 2^n written straight into a float's exponent bits (``with_bits``; a
 table lookup would be a gather, twice as slow; without Numba's private API, ``_internals``,
 the C library's exp is used instead). Measured against exp in float64: within 1 ulp
 (float64) and 1.21 ulp (float32) over the whole range; NaN stays NaN, -inf gives 0.
@@ -24,10 +24,10 @@ from numba import njit, types
 from numba.extending import overload
 
 try:
-    from ._internals import with_bits as _with_bits   # LLVM IR (see _internals)
+    from ._internals import with_bits     # LLVM IR (see _internals)
 except ImportError:
-    _with_bits = None
-NATIVE = _with_bits is not None
+    with_bits = None
+NATIVE = with_bits is not None      # else exp is the C library's (libm_exp)
 
 # ln 2 = hi + lo: hi keeps few bits, so n * hi is exact for every n used (|n| <= 1075), and
 # lo is the rest of ln 2 to 60 digits, rounded once; float32 uses a shorter hi
@@ -42,7 +42,7 @@ TAYLOR_32 = tuple(np.float32(c) for c in TAYLOR_64[-8:])
 
 
 @njit(cache=True, error_model="numpy", inline="always")  # inlined: vectorises in loops
-def _exp32(x):
+def exp32(x):
     """exp(x) for float32 x <= 0 (NaN for NaN), no call: vectorisable. x > 0 gives 1 (a
     vectorised select computes both branches)."""
     low, zero = np.float32(-104.0), np.float32(0)  # exp(-104) < half the least float32
@@ -55,13 +55,13 @@ def _exp32(x):
         p = p * r + coef                           # exp(r), Horner
     k = np.int32(n)                                # -150 .. 0
     tiny = k < -126                                # 2^k subnormal: 2^(k + 64) 2^-64
-    e = p * _with_bits(((k + 64 if tiny else k) + 127) << 23, x)      # 2^n exp(r)
+    e = p * with_bits(((k + 64 if tiny else k) + 127) << 23, x)      # 2^n exp(r)
     e = e * np.float32(2.0 ** -64) if tiny else e  # one rounding, even when subnormal
     return e if x == x else x
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _exp64(x):
+def exp64(x):
     """exp(x) for float64 x <= 0 (NaN for NaN)."""
     low = -746.0                                   # exp(-746) < half the least float64
     t = x if x > low else low
@@ -73,7 +73,7 @@ def _exp64(x):
         p = p * r + coef
     k = np.int64(n)                                # -1075 .. 0
     tiny = k < -1022
-    e = p * _with_bits(((k + 128 if tiny else k) + 1023) << 52, x)
+    e = p * with_bits(((k + 128 if tiny else k) + 1023) << 52, x)
     e = e * 2.0 ** -128 if tiny else e
     return e if x == x else x
 
@@ -89,7 +89,7 @@ def dphi(x):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _libm_exp(x):
+def libm_exp(x):
     """exp(x) by the C library, one call an element: the fallback without ``_internals``."""
     return math.exp(x)
 
@@ -98,8 +98,8 @@ def _typed(x):
     """(1 in x's type, the exp for x's type) for a Numba float type."""
     one = np.float32(1) if x == types.float32 else 1.0
     if not NATIVE:
-        return one, _libm_exp
-    return one, (_exp32 if x == types.float32 else _exp64)
+        return one, libm_exp
+    return one, (exp32 if x == types.float32 else exp64)
 
 
 @overload(phi)

@@ -9,7 +9,8 @@ LLVM vectorises it without fastmath (a sum along the row would be one chain of a
 tiles set the pairs with j > i (Eq. 8) to -inf or 0.
 
 The exp (``exp_nonpositive``; its arguments are logits minus a maximum, <= 0) is, for
-float64, ``elu``'s vectorisable one (within 1 ulp of the C library's). For float32 it is the
+float64, ``elu``'s vectorisable one (within 1 ulp of the C library's), and the C library's own where
+Numba's private API (``_internals``) is missing. For float32 it is the
 same scheme, exp(x) = 2^n exp(r) with n = round(x / ln 2) and Taylor's series to r^7, but
 each multiply-add in one instruction where the CPU has FMA (``llvm.fmuladd``, which LLVM
 vectorises) and no subnormal results: x below ln(least normal float) = -87.3365 gives 0.
@@ -22,59 +23,49 @@ Oracle: ``linattn.softmax`` (NumPy), through ``softmax``'s tests.
 import math
 
 import numpy as np
-from llvmlite import ir as llvm_ir
 from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic, overload
+from numba.extending import overload
 
-from .elu import LN2_HI_32, LN2_LO_32, TAYLOR_32, _exp64, _with_bits
+from .elu import LN2_HI_32, LN2_LO_32, NATIVE, TAYLOR_32, exp64, libm_exp, with_bits
+
+try:
+    from ._internals import fmuladd       # LLVM's fused multiply-add (see _internals)
+except ImportError:
+    fmuladd = None
 
 LOG2_E_32 = np.float32(1 / math.log(2))
 LEAST_NORMAL_LOG_32 = np.float32(-87.33654)    # ln(2^-126), rounded up: exp(x) >= 2^-126
-
-
-@intrinsic
-def _fmuladd(typingctx, a, b, c):
-    """a b + c, rounded once where the CPU has FMA (``llvm.fmuladd``), else twice."""
-    if not (isinstance(a, types.Float) and a == b == c):
-        return None
-
-    def codegen(context, builder, signature, args):
-        ty = context.get_value_type(a)
-        name = f"llvm.fmuladd.f{a.bitwidth}"
-        fn = cgutils.get_or_insert_function(builder.module,
-                                            llvm_ir.FunctionType(ty, [ty, ty, ty]), name)
-        return builder.call(fn, args)
-
-    return a(a, b, c), codegen
 
 
 @njit(cache=True, error_model="numpy", inline="always")   # inlined: vectorises in loops
 def _exp32(x):
     """exp(x) for float32 x <= 0, 0 below -87.3365 (NaN for NaN); no call: vectorisable."""
     t = x if x > LEAST_NORMAL_LOG_32 else LEAST_NORMAL_LOG_32       # NaN: NaN again below
-    n = np.floor(_fmuladd(t, LOG2_E_32, np.float32(0.5)))           # round(t / ln 2)
-    r = _fmuladd(n, np.float32(-LN2_HI_32), t)                      # t - n ln 2, in two
-    r = _fmuladd(n, np.float32(-LN2_LO_32), r)                      # parts: |r| <= ln2 / 2
+    n = np.floor(fmuladd(t, LOG2_E_32, np.float32(0.5)))           # round(t / ln 2)
+    r = fmuladd(n, np.float32(-LN2_HI_32), t)                      # t - n ln 2, in two
+    r = fmuladd(n, np.float32(-LN2_LO_32), r)                      # parts: |r| <= ln2 / 2
     p = TAYLOR_32[0]
     for coef in TAYLOR_32[1:]:
-        p = _fmuladd(p, r, coef)                                    # exp(r), Horner
-    e = p * _with_bits((np.int32(n) + 127) << 23, x)                # 2^n exp(r), normal
+        p = fmuladd(p, r, coef)                                    # exp(r), Horner
+    e = p * with_bits((np.int32(n) + 127) << 23, x)                # 2^n exp(r), normal
     e = e if x >= LEAST_NORMAL_LOG_32 else np.float32(0)
     return e if x == x else x
 
 
 def exp_nonpositive(x):
-    """exp(x) for x <= 0 (or NaN); compiled code gets ``_exp32`` or ``elu._exp64``."""
+    """exp(x) for x <= 0 (or NaN); compiled code gets ``_exp32`` or ``elu.exp64`` (the C
+    library's exp without Numba's private API, ``_internals``)."""
     return np.exp(x)
 
 
 @overload(exp_nonpositive)
 def _exp_nonpositive(x):
+    if not (NATIVE and fmuladd is not None):
+        return lambda x: libm_exp(x)
     if x == types.float32:
         return lambda x: _exp32(x)
     if x == types.float64:
-        return lambda x: _exp64(x)
+        return lambda x: exp64(x)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
