@@ -158,6 +158,13 @@ def slope_fit(xs, ys):
     return fitted, float(xs[keep].min()), float(xs[keep].max())
 
 
+def fitted_slope(rows, name, key, x="n"):
+    """The slope the legend prints for curve ``name`` of column ``key`` against ``x``: log-log,
+    over the larger half of x (repeats at one x: their median). None with < 2 points."""
+    series = _series([row for row in rows if row["name"] == name], x, key).get(str(name))
+    return None if series is None else slope(series[0], series[1])
+
+
 def _power(x):
     """x as 2^k when it is a power of two, else as a number."""
     k = math.log2(x)

@@ -2,7 +2,9 @@
 
 - ``settle``: a pause between cases, so that one case's idle threads do not slow the next.
 - ``seconds``, ``once``: median and best wall time of a call, after warm-up calls
-  (compilation, caches), by ``timeit``: the one timer of the package. Tables show medians; the targets compare best times, which other processes on a
+  (compilation, caches), by ``timeit``: the one timer of the package; ``cpu_seconds`` the
+  same in CPU time, and ``one_thread`` / ``thread_counts`` to pin and name the threads (the
+  notebooks time with these). Tables show medians; the targets compare best times, which other processes on a
   shared machine disturb least.
 - ``interleaved``: best times of several calls taken in turn, for ratios that a shared
   machine's load would otherwise tilt; ``blas_limiter`` sets NumPy's BLAS threads for it.
@@ -15,6 +17,7 @@
 - ``matmul_gflops``: float32 matrix-product GFLOP/s through NumPy, the ceiling each result is
   compared with.
 """
+import contextlib
 import os
 import platform
 import sys
@@ -37,6 +40,43 @@ def seconds(f, repeats=5, warmup=1):
 def once(f):
     """Wall time of one call of ``f()`` (``timeit``)."""
     return timeit.timeit(f, number=1)
+
+
+def cpu_seconds(f, repeat=2, at_least=0.02):
+    """CPU seconds per call of ``f()`` (``time.process_time``, by ``timeit``): the best of
+    ``repeat`` timings of as many calls as take ``at_least`` seconds, over their number. CPU
+    time is what the notebooks compare on a shared machine, where wall time also counts the
+    neighbours; with ``one_thread`` it is the work of one core."""
+    timer = timeit.Timer(f, timer=time.process_time)
+    number = 1
+    while timer.timeit(number) < at_least:             # the first pass also compiles
+        number *= 2
+    return min(timer.repeat(number=number, repeat=repeat)) / number
+
+
+@contextlib.contextmanager
+def one_thread():
+    """NumPy's BLAS and Numba's compiled loops on one thread each, restored afterwards
+    (needs threadpoolctl)."""
+    import numba
+    from threadpoolctl import threadpool_limits
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        with threadpool_limits(1):
+            yield
+    finally:
+        numba.set_num_threads(threads)
+
+
+def thread_counts():
+    """One line naming the threads a timing ran on: the BLAS's, Numba's and the cores."""
+    import numba
+    from threadpoolctl import threadpool_info
+    blas = ", ".join(f"{lib['internal_api']} {lib['num_threads']}" for lib in threadpool_info()
+                     if lib["user_api"] == "blas")
+    return (f"threads: BLAS ({blas}), numba {numba.get_num_threads()} "
+            f"(threading layer {_threading_layer(numba)}), of {os.cpu_count()} cores")
 
 
 def interleaved(calls, rounds, pause=0.0):
