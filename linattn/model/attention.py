@@ -1,15 +1,25 @@
-"""Multi-head causal attention with Q/K/V/output projections, forward and backward.
+"""Multi-head attention with Q/K/V/output projections, forward and backward.
 
 The attention layer of Katharopoulos et al. (2020), arXiv:2006.16236: Q = x W_Q, K = x W_K,
-V = x W_V (Eq. 2), split into H heads of width d_head, each head attending causally with
-either softmax (Eq. 2 with the mask of Eq. 8, ``linattn.softmax_attention``) or linear
-attention (Eq. 9, ``linattn.linear_attention``), heads concatenated and projected by W_O.
+V = x W_V (Eq. 2), split into H heads of width d_head, each head attending with either
+softmax (Eq. 2, causal mask of Eq. 8, ``linattn.softmax_attention``) or linear attention
+(Eq. 5, causal Eq. 9, ``linattn.linear_attention``), heads concatenated and projected by
+W_O. ``cfg.causal`` chooses the decoder (causal) or the encoder (every position) form.
+
+Padded batches (the speech encoder): the core functions take no key padding mask, and
+linear attention could not honour one by zeroing keys (elu+1 features are always positive).
+So with ``lengths`` given, each sequence attends over its own first ``lengths[b]`` positions
+in a call of its own, and padded positions get a zero output. The projections stay batched;
+padded positions never reach real ones, since attention is the only layer that mixes
+positions. Cost: B attention calls per layer instead of one.
 
 Heads are laid out (batch, heads, N, d_head), so the core functions see leading axes only.
 Reference: the core's own oracles; the layer's backward is held to finite differences in
 tests/test_model_attention.py.
 """
 from typing import NamedTuple
+
+import numpy as np
 
 from ..linear import linear_attention, linear_attention_backward
 from ..softmax import softmax_attention, softmax_attention_backward
@@ -46,26 +56,54 @@ def merge_heads(x):
 
 
 def attend(q, k, v, cfg):
-    """Causal attention per head: Eq. (8) softmax or Eq. (9) linear, by ``cfg.attention``.
+    """Attention per head, by ``cfg.attention``: softmax, Eq. (2) (with the mask of Eq. (8)
+    if ``cfg.causal``), or linear, Eq. (5) (Eq. (9) if ``cfg.causal``).
 
     q, k, v (..., N, d_head) -> (..., N, d_head). Softmax costs O(N^2 d_head), linear
     O(N d_head^2) (``backend="auto"``: the fastest available backend).
     """
     if cfg.attention == "softmax":
-        return softmax_attention(q, k, v, causal=True)
-    return linear_attention(q, k, v, causal=True, feature_map=cfg.feature_map, backend="auto")
+        return softmax_attention(q, k, v, causal=cfg.causal)
+    return linear_attention(q, k, v, causal=cfg.causal, feature_map=cfg.feature_map,
+                            backend="auto")
 
 
 def attend_backward(dout, q, k, v, cfg):
     """Backward of ``attend``: (dq, dk, dv), from the core's hand-written backward passes."""
     if cfg.attention == "softmax":
-        return softmax_attention_backward(dout, q, k, v, causal=True)
-    return linear_attention_backward(dout, q, k, v, causal=True,
+        return softmax_attention_backward(dout, q, k, v, causal=cfg.causal)
+    return linear_attention_backward(dout, q, k, v, causal=cfg.causal,
                                      feature_map=cfg.feature_map, backend="auto")
 
 
-def attention(p, x, cfg):
-    """Multi-head causal self-attention.
+def attend_padded(q, k, v, cfg, lengths=None):
+    """``attend`` on a padded batch: sequence b over its first ``lengths[b]`` positions only.
+
+    q, k, v (B, H, N, d_head) -> (B, H, N, d_head), zero at padded positions. With
+    ``lengths`` None every sequence is N long: one call of ``attend``.
+    """
+    if lengths is None:
+        return attend(q, k, v, cfg)
+    out = np.zeros_like(v)
+    for b, n in enumerate(lengths):
+        out[b, :, :n] = attend(q[b, :, :n], k[b, :, :n], v[b, :, :n], cfg)
+    return out
+
+
+def attend_padded_backward(dout, q, k, v, cfg, lengths=None):
+    """Backward of ``attend_padded``: (dq, dk, dv), zero at padded positions."""
+    if lengths is None:
+        return attend_backward(dout, q, k, v, cfg)
+    grads = tuple(np.zeros_like(a) for a in (q, k, v))
+    for b, n in enumerate(lengths):
+        parts = attend_backward(dout[b, :, :n], q[b, :, :n], k[b, :, :n], v[b, :, :n], cfg)
+        for g, part in zip(grads, parts):
+            g[b, :, :n] = part
+    return grads
+
+
+def attention(p, x, cfg, lengths=None):
+    """Multi-head self-attention, causal or not by ``cfg.causal``.
 
     Parameters
     ----------
@@ -73,6 +111,8 @@ def attention(p, x, cfg):
         ``wq, wk, wv, wo`` (d_model, d_model) and ``bq, bk, bv, bo`` (d_model,).
     x : ndarray, shape (B, N, d_model)
     cfg : ModelConfig
+    lengths : sequence of int, optional
+        Real positions per sequence of a padded batch; None: all N are real.
 
     Returns
     -------
@@ -82,12 +122,12 @@ def attention(p, x, cfg):
     Cost: O(B N d_model^2) for the projections plus the attention's cost per head.
     """
     q, k, v = (split_heads(linear(x, p["w" + n], p["b" + n]), cfg.n_heads) for n in "qkv")
-    heads = merge_heads(attend(q, k, v, cfg))                 # (B, N, d_model)
+    heads = merge_heads(attend_padded(q, k, v, cfg, lengths))   # (B, N, d_model)
     return linear(heads, p["wo"], p["bo"]), AttentionCache(q, k, v, heads)
 
 
-def attention_backward(dy, p, x, cache, cfg):
-    """Backward of ``attention``.
+def attention_backward(dy, p, x, cache, cfg, lengths=None):
+    """Backward of ``attention`` (``lengths`` as given to it).
 
     Returns
     -------
@@ -98,7 +138,7 @@ def attention_backward(dy, p, x, cache, cfg):
     grads = {}
     dheads, grads["wo"], grads["bo"] = linear_backward(dy, cache.heads, p["wo"], p["bo"])
     dout = split_heads(dheads, cfg.n_heads)                   # (B, H, N, d_head)
-    dqkv = attend_backward(dout, cache.q, cache.k, cache.v, cfg)
+    dqkv = attend_padded_backward(dout, cache.q, cache.k, cache.v, cfg, lengths)
     dx = 0
     for name, dh in zip("qkv", dqkv):
         # the three projections read the same x: their input gradients add

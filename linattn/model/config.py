@@ -2,7 +2,9 @@
 
 The architecture is the decoder-only transformer of Katharopoulos et al. (2020),
 arXiv:2006.16236, section 3.1 (Eq. 1): L pre-norm blocks of attention and an MLP, with the
-attention either softmax (Eq. 2, causal mask of Eq. 8) or causal linear (Eq. 9).
+attention either softmax (Eq. 2, causal mask of Eq. 8) or causal linear (Eq. 9). With
+``causal=False`` the same blocks form the non-causal encoder of the speech experiment
+(section 4.3): softmax Eq. (2) without the mask, linear attention Eq. (5).
 """
 import json
 from typing import NamedTuple
@@ -13,6 +15,8 @@ from .layers import ACTIVATIONS
 ATTENTIONS = ("linear", "softmax")
 POSITIONS = ("sinusoidal", "learned")
 DTYPES = ("float32", "float64")
+# fields added after checkpoints were first written: a saved config without them gets these
+LATER_FIELDS = {"causal": True}
 
 
 class ModelConfig(NamedTuple):
@@ -27,6 +31,8 @@ class ModelConfig(NamedTuple):
     activation : the MLP's nonlinearity, "gelu" or "relu".
     positions : "sinusoidal" (fixed) or "learned" position embeddings.
     dtype : "float32" (training) or "float64" (gradient checks).
+    causal : True: position i attends to j <= i (a decoder, Eq. 8 / 9); False: to every
+        position (an encoder, Eq. 2 / 5).
     """
 
     vocab_size: int
@@ -40,6 +46,7 @@ class ModelConfig(NamedTuple):
     activation: str = "gelu"
     positions: str = "sinusoidal"
     dtype: str = "float32"
+    causal: bool = True
 
     @property
     def d_head(self):
@@ -51,8 +58,11 @@ class ModelConfig(NamedTuple):
 
     @classmethod
     def from_json(cls, text):
-        """The inverse of ``to_json``; ValueError for missing or unknown fields."""
+        """The inverse of ``to_json``; ValueError for missing or unknown fields (only the
+        ``LATER_FIELDS`` may be missing: they take their defaults)."""
         fields = json.loads(text)
+        if isinstance(fields, dict):
+            fields = {**LATER_FIELDS, **fields}
         if not isinstance(fields, dict) or set(fields) != set(cls._fields):
             raise ValueError(f"model config must have the fields {cls._fields}, got {text!r}")
         return check_config(cls(**fields))
@@ -80,4 +90,6 @@ def check_config(cfg):
     _choice(cfg, "activation", tuple(ACTIVATIONS))
     _choice(cfg, "positions", POSITIONS)
     _choice(cfg, "dtype", DTYPES)
+    if not isinstance(cfg.causal, bool):
+        raise ValueError(f"ModelConfig.causal must be True or False, got {cfg.causal!r}")
     return cfg
