@@ -74,10 +74,10 @@ def evaluate(params, cfg, batches):
     return total_loss / total_weight, total_correct / total_weight
 
 
-def _open_log(path, step, resume):
-    """Open the CSV log for appending after ``step``: on resume, rows past the checkpoint's
-    step (written before a crash) are dropped. Returns (file, csv writer, elapsed seconds
-    already logged)."""
+def _open_log(path, step, resume, fields=LOG_FIELDS):
+    """Open the CSV log (header ``fields``: step first, elapsed seconds third) for appending
+    after ``step``: on resume, rows past the checkpoint's step (written before a crash) are
+    dropped. Returns (file, csv writer, elapsed seconds already logged)."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     rows = []
     if resume and os.path.exists(path):
@@ -86,15 +86,15 @@ def _open_log(path, step, resume):
         rows = [r for r in rows if int(r[0]) <= step]
     log = open(path, "w", newline="")
     writer = csv.writer(log)
-    writer.writerows([LOG_FIELDS, *rows])
+    writer.writerows([fields, *rows])
     return log, writer, float(rows[-1][2]) if rows else 0.0
 
 
-def _progress(step, total, loss, tokens_per_s, eval_text):
+def _progress(step, total, loss, tokens_per_s, eval_text, unit="tok"):
     width = 24
     filled = int(width * step / max(total, 1))
     sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {step}/{total} "
-                     f"loss {loss:.4f} {tokens_per_s:,.0f} tok/s{eval_text}   ")
+                     f"loss {loss:.4f} {tokens_per_s:,.0f} {unit}/s{eval_text}   ")
     sys.stderr.flush()
 
 
