@@ -25,7 +25,7 @@ import numpy as np
 from .checkpoint import load_checkpoint, save_checkpoint
 from .ctc import phoneme_error_rate
 from .optim import AdamConfig, adam_init, adam_update
-from .speech import SpeechConfig, decode, init_params, loss_and_grads
+from .speech import SpeechConfig, check_speech_config, decode, init_params, loss_and_grads
 from .speech_task import SpeechTask, epoch_batches, pad_batch, trivial_per
 from .train import _open_log, _progress, read_log
 
@@ -49,9 +49,11 @@ class SpeechTrainConfig(NamedTuple):
 
 def speech_setup(model, task=SpeechTask(), **overrides):
     """The SpeechConfig of ``model`` on ``task`` with our default sizes; ``overrides`` replace
-    entries of ``DEFAULT_SPEECH`` or set other SpeechConfig fields."""
-    return SpeechConfig(model=model, n_features=task.n_features, n_classes=task.n_classes,
-                        **{**DEFAULT_SPEECH, **overrides})
+    entries of ``DEFAULT_SPEECH`` or set other SpeechConfig fields. ValueError for an invalid
+    config (e.g. "lsh" before this build has LSH attention)."""
+    return check_speech_config(SpeechConfig(model=model, n_features=task.n_features,
+                                            n_classes=task.n_classes,
+                                            **{**DEFAULT_SPEECH, **overrides}))
 
 
 def evaluate_per(params, cfg, utterances, batch_size=16):
