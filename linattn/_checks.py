@@ -137,7 +137,7 @@ def _shapes(steps):
 
 # --- CTC and the speech experiment (linattn.model.ctc) -------------------------------------
 
-def _int_vector(name, x, size):
+def int_vector(name, x, size):
     """``x`` as an int64 vector of ``size`` entries, or a clear error."""
     x = np.asarray(x)
     if x.dtype.kind not in "iu" or x.shape != (size,):
@@ -162,7 +162,7 @@ def check_ctc(logits, input_lengths, labels, label_lengths, blank):
     b, t, c = logits.shape
     if isinstance(blank, bool) or not isinstance(blank, (int, np.integer)) or not 0 <= blank < c:
         raise ValueError(f"blank must be a class index in 0..{c - 1}, got {blank!r}")
-    input_lengths = _int_vector("input_lengths", input_lengths, b)
+    input_lengths = int_vector("input_lengths", input_lengths, b)
     if np.any(input_lengths < 1) or np.any(input_lengths > t):
         raise ValueError(f"input_lengths must lie in 1..T = {t}, got {input_lengths}")
     labels = np.asarray(labels)
@@ -170,7 +170,7 @@ def check_ctc(logits, input_lengths, labels, label_lengths, blank):
         raise ValueError(f"labels must be an integer array of shape (B, L_max) = ({b}, ...), "
                          f"got {labels.dtype} {labels.shape}")
     labels = labels.astype(np.int64)
-    label_lengths = _int_vector("label_lengths", label_lengths, b)
+    label_lengths = int_vector("label_lengths", label_lengths, b)
     if np.any(label_lengths < 0) or np.any(label_lengths > labels.shape[1]):
         raise ValueError(f"label_lengths must lie in 0..L_max = {labels.shape[1]}, got "
                          f"{label_lengths}")

@@ -207,7 +207,7 @@ def greedy_decode(logits, input_lengths, blank=0):
     logits = _checks.as_float_array("logits", logits)
     if logits.ndim != 3:
         raise ValueError(f"logits must have shape (B, T, C), got {logits.shape}")
-    lengths = _checks._int_vector("input_lengths", input_lengths, logits.shape[0])
+    lengths = _checks.int_vector("input_lengths", input_lengths, logits.shape[0])
     if np.any(lengths < 0) or np.any(lengths > logits.shape[1]):
         raise ValueError(f"input_lengths must lie in 0..T = {logits.shape[1]}, got {lengths}")
     best = logits.argmax(axis=-1)                                  # (B, T)

@@ -180,7 +180,8 @@ def speech_curves(out_dir=os.path.join("runs", "speech"), models=("bilstm", "sof
     out_dir : str
         Runs go to ``out_dir/MODEL``; the curves to ``out_dir/speech_curves.csv`` (model plus
         ``LOG_FIELDS``, one row per epoch) and the table to ``out_dir/speech_table.csv``
-        (``TABLE_FIELDS``: test PER after the last epoch, mean training seconds per epoch),
+        (``TABLE_FIELDS``: test PER after the last epoch, the median of the epochs' training
+        seconds, robust to a busy machine slowing some epochs),
         closed by two rows for outputs that ignore the audio (``trivial_per``).
     models : tuple of str
         From "bilstm", "softmax", "linear" and "lsh" (the last raises a ValueError naming
@@ -219,7 +220,7 @@ def speech_curves(out_dir=os.path.join("runs", "speech"), models=("bilstm", "sof
             epoch_s = read_speech_log(os.path.join(run_dir, "log.csv"))["epoch_s"]
             table.append((model, sum(a.size for a in params.values()), train_cfg.epochs,
                           f"{evaluate_per(params, cfg, splits['test']):.6f}",
-                          f"{np.mean(epoch_s):.3f}"))
+                          f"{np.median(epoch_s):.3f}"))
     trivial = trivial_per([u.labels for u in splits["train"]],
                           [u.labels for u in splits["test"]])
     table.append(("empty output", 0, 0, f"{trivial['empty']:.6f}", ""))
