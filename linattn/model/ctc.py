@@ -7,7 +7,7 @@ blank. An alignment pi (one class per frame) collapses to a label sequence by me
 of a class and dropping blanks: B(a a - b - - b) = (a b b). The loss is
     nll = -log p(l | x) = -log sum_{pi : B(pi) = l} prod_t y_t(pi_t),   y_t = softmax(logits_t).
 The sum runs over the extended labels l' = (-, l_1, -, l_2, ..., l_L, -) of length S = 2L + 1
-with the forward variables (Graves et al., Eq. 6-7) in log space,
+with the forward variables of Graves et al. (section 4.1) in log space,
     alpha_t(s) = y_t(l'_s) [alpha_{t-1}(s) + alpha_{t-1}(s-1) + alpha_{t-1}(s-2)],
 where the skip from s-2 is allowed only onto a label that differs from l'_{s-2} (not onto a
 blank, nor between equal neighbours: a a needs a blank between), and the backward variables
@@ -89,13 +89,13 @@ def _lattice(logits, input_lengths, labels, label_lengths, blank):
                     -np.inf)
     alpha = np.full((b, t_max, s_max), -np.inf)
     beta = np.full((b, t_max, s_max), -np.inf)
-    # alpha_1: start in the first blank or on the first label (Graves et al., Eq. 6)
+    # alpha_1: start in the first blank or on the first label
     a = np.full((b, s_max), -np.inf)
     a[:, :2] = emit[:, 0, :2]
     alpha[:, 0] = np.where(real, a, -np.inf)
     for t in range(1, t_max):
         prev = alpha[:, t - 1]
-        # stay on s, advance from s-1, or skip from s-2 where allowed (Eq. 7)
+        # stay on s, advance from s-1, or skip from s-2 where allowed
         came = np.logaddexp(np.logaddexp(prev, _shift(prev, 1)),
                             np.where(skip, _shift(prev, 2), -np.inf))
         alpha[:, t] = np.where(real & alive[:, t, None], came + emit[:, t], -np.inf)
@@ -155,7 +155,7 @@ def ctc_loss_backward(dnll, logits, input_lengths, labels, label_lengths, *, bla
 
     dlogits[b, t, k] = dnll[b] (y_t(k) - gamma_t(k)) for t < input_lengths[b], with the
     occupancy gamma_t(k) = sum_{s: l'_s = k} alpha_t(s) beta_t(s) / p(l | x) (Graves et al.,
-    Eq. 16, through the log-softmax); 0 for later frames and for impossible utterances.
+    section 4.2, through the log-softmax); 0 for later frames and for impossible utterances.
 
     Parameters
     ----------

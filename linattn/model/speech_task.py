@@ -21,6 +21,10 @@ The defaults give about 100-900 frames (mean about 375) and 20-80 labels per utt
 
 Classes: 0 is the CTC blank, phoneme k is class k + 1. The training, validation and test
 splits draw their utterances from separate seeds; the templates are shared.
+
+Outputs that ignore the audio (``trivial_per``): empty output has PER 1 exactly; the best
+constant output, the most frequent phoneme repeated, has PER 0.913 on the default test
+split (phoneme 1 ten times). A model is learning only well below that.
 """
 from typing import NamedTuple
 
