@@ -27,7 +27,7 @@ from .ctc import phoneme_error_rate
 from .optim import AdamConfig, adam_init, adam_update
 from .speech import SpeechConfig, check_speech_config, decode, init_params, loss_and_grads
 from .speech_task import SpeechTask, epoch_batches, pad_batch, trivial_per
-from .train import _open_log, _progress, read_log
+from .train import _open_log, _progress
 
 # ours: 2-layer models, small enough to train in minutes on two cores with NumPy
 DEFAULT_SPEECH = dict(d_model=64, n_layers=2, n_heads=4, d_mlp=256, hidden=64, lstm_layers=2)
