@@ -91,3 +91,34 @@ def test_lsh_attention_backward(n_hashes):
         return (dx, *(grads[n] for n in names))
 
     assert_gradients_match(f, f_backward, [x, *(weights[n] for n in names)])
+
+
+@pytest.mark.parametrize("attention_kind", ["softmax", "linear"])
+def test_padded_non_causal_attention(attention_kind):
+    # each sequence attends over its own positions only; padded positions give 0 and take
+    # no gradient; the backward holds to finite differences
+    cfg = _config(attention_kind, "elu+1")._replace(causal=False)
+    weights = dict(zip(NAMES, _weights(5)))
+    x = np.random.default_rng(6).standard_normal((2, 5, 8))
+    lengths = [5, 3]
+    y, _ = attention(weights, x, cfg, lengths)
+    np.testing.assert_allclose(y[1, :3], attention(weights, x[1:, :3], cfg)[0][0], rtol=1e-12)
+    np.testing.assert_allclose(y[1, 3:], np.broadcast_to(weights["bo"], (2, 8)), rtol=1e-12)
+    x2 = x.copy()
+    x2[0, -1] += 1.0                                  # non-causal: the last position is read
+    assert not np.allclose(attention(weights, x2, cfg, lengths)[0][0, 0], y[0, 0])
+    names = [n for n in NAMES if not (attention_kind == "softmax" and n == "bk")]
+
+    def params(w):
+        return {**weights, **dict(zip(names, w))}
+
+    def f(x, *w):
+        return attention(params(w), x, cfg, lengths)[0]
+
+    def f_backward(dy, x, *w):
+        p = params(w)
+        dx, grads = attention_backward(dy, p, x, attention(p, x, cfg, lengths)[1], cfg, lengths)
+        assert np.all(dx[1, 3:] == 0)
+        return (dx, *(grads[n] for n in names))
+
+    assert_gradients_match(f, f_backward, [x, *(weights[n] for n in names)])

@@ -132,3 +132,25 @@ def test_resume_drops_log_rows_written_after_the_checkpoint(tmp_path):
     save_checkpoint(out / "checkpoint.npz", CFG, *run(CFG, TASK, TRAIN._replace(steps=2), ADAM))
     run(CFG, TASK, TRAIN._replace(steps=4), ADAM, out_dir=out, resume=True)
     np.testing.assert_array_equal(read_log(out / "log.csv")["step"], [1, 2, 3, 4])
+
+
+def test_config_saved_before_the_causal_field_loads_as_causal():
+    import json
+    fields = json.loads(CFG.to_json())
+    del fields["causal"]
+    assert ModelConfig.from_json(json.dumps(fields)) == CFG and CFG.causal
+
+
+def test_speech_config_round_trip_and_type_check(tmp_path):
+    from linattn.model.speech import SpeechConfig
+    from linattn.model.speech import init_params as speech_init
+    cfg = SpeechConfig(model="bilstm", n_features=3, n_classes=4, hidden=3, lstm_layers=1)
+    params = speech_init(cfg)
+    path = tmp_path / "speech.npz"
+    save_checkpoint(path, cfg, params, adam_init(params), {"task": "speech"})
+    ckpt = load_checkpoint(path, expect=cfg)
+    assert ckpt.config == cfg and ckpt.meta == {"task": "speech"}
+    for name in params:
+        np.testing.assert_array_equal(ckpt.params[name], params[name])
+    with pytest.raises(CheckpointError, match="holds a SpeechConfig, expected a ModelConfig"):
+        load_checkpoint(path, expect=CFG)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._checks import array_module
+from .._checks import array_module  # noqa: F401  (the launchers call launch.array_module)
 
 THREADS = 256    # every kernel's block size (THREADS in the .cu files)
 TILE = 64        # chunk length and tile width of the chunked kernels (TILE in causal_product.cu)

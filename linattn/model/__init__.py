@@ -5,11 +5,19 @@ Modules, in the order the data flows: ``layers`` (linear, layer norm, GELU/ReLU,
 cross-entropy), ``attention`` (multi-head wrapper over the core), ``transformer`` (the model),
 ``optim`` (Adam), ``checkpoint``, ``train``, ``generate`` (RNN form, key/value cache,
 recomputation), ``tasks`` (copy task, digits), ``speed`` (generation timing), ``cli``.
+The speech experiment (section 4.3), on SYNTHETIC data: ``speech_task`` (the data),
+``ctc`` (loss, decoding, error rate), ``lstm`` (Bi-LSTM), ``encoder`` (non-causal
+transformer), ``speech`` (the models behind one config), ``speech_train``.
 """
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import ModelConfig
+from .ctc import (ctc_loss, ctc_loss_backward, edit_distance, greedy_decode,
+                  phoneme_error_rate)
 from .generate import generate
 from .optim import AdamConfig, AdamState, adam_init, adam_update
+from .speech import SpeechConfig
+from .speech_task import SpeechTask, trivial_per
+from .speech_train import SpeechTrainConfig, evaluate_per, run_speech, speech_curves
 from .tasks import CopyTask, DigitsTask, load_digits
 from .train import TrainConfig, copy_task_curves, evaluate, read_log, run
 from .transformer import backward, forward, init_params, loss_and_grads
@@ -20,4 +28,7 @@ __all__ = [
     "save_checkpoint", "load_checkpoint", "CheckpointError",
     "TrainConfig", "run", "evaluate", "read_log", "copy_task_curves", "generate",
     "CopyTask", "DigitsTask", "load_digits",
+    "ctc_loss", "ctc_loss_backward", "greedy_decode", "edit_distance", "phoneme_error_rate",
+    "SpeechConfig", "SpeechTask", "trivial_per", "SpeechTrainConfig", "run_speech",
+    "evaluate_per", "speech_curves",
 ]

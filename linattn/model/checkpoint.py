@@ -4,7 +4,9 @@ The file is written atomically: to a temporary file in the same directory, flush
 then renamed over the target, so a crash mid-save leaves the last good checkpoint intact.
 Loading checks the file thoroughly (format tag, configs, every array's name, shape and
 dtype) and turns a truncated, corrupt or mismatched file into a ``CheckpointError`` that
-names the file and the problem. Arrays are stored without pickling.
+names the file and the problem. Arrays are stored without pickling. The config is a
+``ModelConfig`` (the decoder) or a ``speech.SpeechConfig``; ``config_type`` names which
+(files without it hold a ModelConfig).
 """
 import json
 import os
@@ -14,11 +16,15 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import speech
 from .config import ModelConfig
 from .optim import AdamState
 from .transformer import init_params
 
 FORMAT = "linattn-checkpoint-1"
+# config class name -> (class, the init_params that gives its parameters' names and shapes)
+CONFIG_TYPES = {"ModelConfig": (ModelConfig, init_params),
+                "SpeechConfig": (speech.SpeechConfig, speech.init_params)}
 
 
 class CheckpointError(ValueError):
@@ -29,7 +35,7 @@ class Checkpoint(NamedTuple):
     """What a checkpoint holds: the model config, parameters, optimiser state, and ``meta``,
     a dict of JSON-able settings (task, training and optimiser configs)."""
 
-    config: ModelConfig
+    config: object
     params: dict
     opt_state: AdamState
     meta: dict
@@ -41,13 +47,17 @@ def save_checkpoint(path, config, params, opt_state, meta=None):
     Parameters
     ----------
     path : str or os.PathLike
-    config : ModelConfig
+    config : ModelConfig or SpeechConfig
     params : dict of str -> ndarray
     opt_state : AdamState
     meta : dict, optional
         Extra JSON-able settings, returned unchanged by ``load_checkpoint``.
     """
+    if type(config).__name__ not in CONFIG_TYPES:
+        raise TypeError(f"config must be one of {', '.join(CONFIG_TYPES)}, got "
+                        f"{type(config).__name__}")
     arrays = {"format": np.array(FORMAT), "config": np.array(config.to_json()),
+              "config_type": np.array(type(config).__name__),
               "meta": np.array(json.dumps(meta or {}, sort_keys=True)),
               "step": np.array(opt_state.step, dtype=np.int64)}
     for name in params:
@@ -91,7 +101,7 @@ def load_checkpoint(path, expect=None):
     Parameters
     ----------
     path : str or os.PathLike
-    expect : ModelConfig, optional
+    expect : ModelConfig or SpeechConfig, optional
         If given, the checkpoint's model config must equal it.
 
     Returns
@@ -110,17 +120,24 @@ def load_checkpoint(path, expect=None):
     if _text(arrays, "format", path) != FORMAT:
         raise CheckpointError(f"checkpoint {path} has format {arrays['format']}, "
                               f"expected {FORMAT}")
+    kind = _text(arrays, "config_type", path) if "config_type" in arrays else "ModelConfig"
+    if kind not in CONFIG_TYPES:
+        raise CheckpointError(f"checkpoint {path} has an unknown config type {kind!r}")
+    config_class, init = CONFIG_TYPES[kind]
     try:
-        config = ModelConfig.from_json(_text(arrays, "config", path))
+        config = config_class.from_json(_text(arrays, "config", path))
         meta = json.loads(_text(arrays, "meta", path))
     except (ValueError, TypeError) as err:
         raise CheckpointError(f"checkpoint {path} has an invalid config: {err}") from err
+    if expect is not None and type(config) is not type(expect):
+        raise CheckpointError(f"checkpoint {path} holds a {kind}, expected a "
+                              f"{type(expect).__name__}")
     if expect is not None and config != expect:
         diff = {f: (getattr(config, f), getattr(expect, f))
                 for f in config._fields if getattr(config, f) != getattr(expect, f)}
         raise CheckpointError(f"checkpoint {path} is for another model; (saved, expected): "
                               f"{diff}")
-    want = init_params(config)                 # names, shapes and dtypes to check against
+    want = init(config)                        # names, shapes and dtypes to check against
     names = {k.split("/", 1)[1] for k in arrays if k.startswith("param/")}
     if names != set(want):
         raise CheckpointError(f"checkpoint {path} parameters do not match its config: "

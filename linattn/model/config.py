@@ -3,7 +3,9 @@
 The architecture is the decoder-only transformer of Katharopoulos et al. (2020),
 arXiv:2006.16236, section 3.1 (Eq. 1): L pre-norm blocks of attention and an MLP, with the
 attention either softmax (Eq. 2, causal mask of Eq. 8), causal linear (Eq. 9) or the
-paper's second baseline, Reformer (LSH) attention (``linattn.lsh``).
+paper's second baseline, Reformer (LSH) attention (``linattn.lsh``). With ``causal=False``
+the same blocks form the non-causal encoder of the speech experiment (section 4.3): softmax
+Eq. (2) without the mask, linear attention Eq. (5), LSH without its mask.
 """
 import json
 from typing import NamedTuple
@@ -14,6 +16,8 @@ from .layers import ACTIVATIONS
 ATTENTIONS = ("linear", "softmax", "lsh")
 POSITIONS = ("sinusoidal", "learned")
 DTYPES = ("float32", "float64")
+# fields added after checkpoints were first written: a saved config without them gets these
+LATER_FIELDS = {"causal": True, "n_hashes": 1, "lsh_chunk_size": 32}  # absent before
 
 
 class ModelConfig(NamedTuple):
@@ -31,6 +35,8 @@ class ModelConfig(NamedTuple):
     n_hashes, lsh_chunk_size : hash rounds and chunk size of "lsh" attention (ignored
         otherwise); a config stored without them (before they existed) loads with these
         defaults.
+    causal : True: position i attends to j <= i (a decoder, Eq. 8 / 9); False: to every
+        position (an encoder, Eq. 2 / 5).
     """
 
     vocab_size: int
@@ -46,6 +52,7 @@ class ModelConfig(NamedTuple):
     dtype: str = "float32"
     n_hashes: int = 1
     lsh_chunk_size: int = 32
+    causal: bool = True
 
     @property
     def d_head(self):
@@ -57,17 +64,15 @@ class ModelConfig(NamedTuple):
 
     @classmethod
     def from_json(cls, text):
-        """The inverse of ``to_json``; ValueError for missing or unknown fields (fields
-        added later, ``LATER_FIELDS``, may be missing: they take their defaults)."""
+        """The inverse of ``to_json``; ValueError for missing or unknown fields (only the
+        ``LATER_FIELDS`` may be missing: they take their defaults)."""
         fields = json.loads(text)
-        if not (isinstance(fields, dict) and set(fields) <= set(cls._fields)
-                and set(cls._fields) - set(fields) <= set(LATER_FIELDS)):
+        if isinstance(fields, dict):
+            fields = {**LATER_FIELDS, **fields}
+        if not isinstance(fields, dict) or set(fields) != set(cls._fields):
             raise ValueError(f"model config must have the fields {cls._fields}, got {text!r}")
         return check_config(cls(**fields))
 
-
-# fields a stored config may lack, having been written before they existed
-LATER_FIELDS = ("n_hashes", "lsh_chunk_size")
 
 
 def _choice(cfg, field, valid):
@@ -93,4 +98,6 @@ def check_config(cfg):
     _choice(cfg, "activation", tuple(ACTIVATIONS))
     _choice(cfg, "positions", POSITIONS)
     _choice(cfg, "dtype", DTYPES)
+    if not isinstance(cfg.causal, bool):
+        raise ValueError(f"ModelConfig.causal must be True or False, got {cfg.causal!r}")
     return cfg

@@ -92,6 +92,9 @@ def sample(logits, temperature, rng):
 
 
 def _resolve(method, cfg):
+    if not cfg.causal:
+        raise ValueError("generation needs a causal model; this one (causal=False) is an "
+                         "encoder whose every position reads the whole sequence")
     if method not in METHODS:
         raise ValueError(f"unknown generation method {method!r}; valid: {', '.join(METHODS)}")
     if method == "auto":

@@ -74,10 +74,10 @@ def evaluate(params, cfg, batches):
     return total_loss / total_weight, total_correct / total_weight
 
 
-def _open_log(path, step, resume):
-    """Open the CSV log for appending after ``step``: on resume, rows past the checkpoint's
-    step (written before a crash) are dropped. Returns (file, csv writer, elapsed seconds
-    already logged)."""
+def open_log(path, step, resume, fields=LOG_FIELDS):
+    """Open the CSV log (header ``fields``: step first, elapsed seconds third) for appending
+    after ``step``: on resume, rows past the checkpoint's step (written before a crash) are
+    dropped. Returns (file, csv writer, elapsed seconds already logged)."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     rows = []
     if resume and os.path.exists(path):
@@ -86,7 +86,7 @@ def _open_log(path, step, resume):
         rows = [r for r in rows if int(r[0]) <= step]
     log = open(path, "w", newline="")
     writer = csv.writer(log)
-    writer.writerows([LOG_FIELDS, *rows])
+    writer.writerows([fields, *rows])
     return log, writer, float(rows[-1][2]) if rows else 0.0
 
 
@@ -124,7 +124,7 @@ def run(cfg, task, train_cfg, adam=AdamConfig(), out_dir=None, resume=False,
     else:
         params = init_params(cfg, train_cfg.seed)
         opt_state = adam_init(params)
-    log, writer, offset = (_open_log(os.path.join(out_dir, "log.csv"), opt_state.step, resume)
+    log, writer, offset = (open_log(os.path.join(out_dir, "log.csv"), opt_state.step, resume)
                            if out_dir else (None, None, 0.0))
     held_out = held_out_batches(task, train_cfg)
     start, t0, eval_text = opt_state.step, time.perf_counter(), ""

@@ -64,7 +64,7 @@ def init_params(cfg, seed=0):
     """
     check_config(cfg)
     rng = np.random.default_rng(seed)
-    d, f, v = cfg.d_model, cfg.d_mlp, cfg.vocab_size
+    d, v = cfg.d_model, cfg.vocab_size
 
     def normal(shape, std):
         return (rng.standard_normal(shape) * std).astype(cfg.dtype)
@@ -72,19 +72,27 @@ def init_params(cfg, seed=0):
     params = {"tok_emb": normal((v, d), 1.0)}
     if cfg.positions == "learned":
         params["pos_emb"] = normal((cfg.max_len, d), 1.0)
-    residual = (2 * cfg.n_layers) ** -0.5
     for layer in range(cfg.n_layers):
-        p = {"ln1_g": np.ones(d), "ln1_b": np.zeros(d),
-             "ln2_g": np.ones(d), "ln2_b": np.zeros(d),
-             "w1": normal((d, f), d**-0.5), "b1": np.zeros(f),
-             "w2": normal((f, d), f**-0.5 * residual), "b2": np.zeros(d)}
-        for name in PROJECTIONS:
-            p["w" + name] = normal((d, d), d**-0.5 * (residual if name == "o" else 1))
-            p["b" + name] = np.zeros(d)
+        p = init_block(normal, cfg)
         params.update({f"block{layer}.{name}": a.astype(cfg.dtype) for name, a in p.items()})
     params.update({"lnf_g": np.ones(d, cfg.dtype), "lnf_b": np.zeros(d, cfg.dtype),
                    "w_out": normal((d, v), d**-0.5), "b_out": np.zeros(v, cfg.dtype)})
     return params
+
+
+def init_block(normal, cfg):
+    """One block's parameters by short name, drawing weights from ``normal(shape, std)``;
+    the scheme of ``init_params``."""
+    d, f = cfg.d_model, cfg.d_mlp
+    residual = (2 * cfg.n_layers) ** -0.5
+    p = {"ln1_g": np.ones(d), "ln1_b": np.zeros(d),
+         "ln2_g": np.ones(d), "ln2_b": np.zeros(d),
+         "w1": normal((d, f), d**-0.5), "b1": np.zeros(f),
+         "w2": normal((f, d), f**-0.5 * residual), "b2": np.zeros(d)}
+    for name in PROJECTIONS:
+        p["w" + name] = normal((d, d), d**-0.5 * (residual if name == "o" else 1))
+        p["b" + name] = np.zeros(d)
+    return p
 
 
 def sinusoidal_positions(start, n, d, dtype):
@@ -114,17 +122,18 @@ def mlp(p, h, cfg):
     return linear(act(u), p["w2"], p["b2"]), u
 
 
-def block(p, x, cfg):
-    """One pre-norm block, x -> x + A(LN(x)) -> x' + f(LN(x')). Returns (y, BlockCache)."""
+def block(p, x, cfg, lengths=None):
+    """One pre-norm block, x -> x + A(LN(x)) -> x' + f(LN(x')). Returns (y, BlockCache).
+    ``lengths``: real positions per sequence of a padded batch (see ``attention``)."""
     h1 = layer_norm(x, p["ln1_g"], p["ln1_b"])
-    a, attn = attention(p, h1, cfg)
+    a, attn = attention(p, h1, cfg, lengths)
     x_mid = x + a
     h2 = layer_norm(x_mid, p["ln2_g"], p["ln2_b"])
     m, u = mlp(p, h2, cfg)
     return x_mid + m, BlockCache(x, h1, attn, x_mid, h2, u)
 
 
-def block_backward(dy, p, cache, cfg):
+def block_backward(dy, p, cache, cfg, lengths=None):
     """Backward of ``block``: (dx, grads of the block's parameters by short name)."""
     act, act_backward = ACTIVATIONS[cfg.activation]
     g = {}
@@ -135,7 +144,7 @@ def block_backward(dy, p, cache, cfg):
     dln2, g["ln2_g"], g["ln2_b"] = layer_norm_backward(dh2, cache.x_mid, p["ln2_g"], p["ln2_b"])
     dx_mid = dy + dln2                                        # residual + normalised path
     # attention branch: x_mid = x + A(h1), h1 = LN(x)
-    dh1, attn_grads = attention_backward(dx_mid, p, cache.h1, cache.attn, cfg)
+    dh1, attn_grads = attention_backward(dx_mid, p, cache.h1, cache.attn, cfg, lengths)
     g.update(attn_grads)
     dln1, g["ln1_g"], g["ln1_b"] = layer_norm_backward(dh1, cache.x, p["ln1_g"], p["ln1_b"])
     return dx_mid + dln1, g
