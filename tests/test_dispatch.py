@@ -62,7 +62,7 @@ def test_unknown_names(method, backend, match):
 
 def test_cupy_without_cupy_says_so():
     try:
-        import cupy  # noqa: F401
+        import cupy  # noqa: F401  (only whether it imports)
     except ImportError:
         with pytest.raises(ImportError, match="CuPy"):
             dispatch.kernel("linear", "auto", "cupy", np)

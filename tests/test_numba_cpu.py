@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from numba import njit
 
-from linattn import _checks, linear, linear_attention, linear_attention_backward
+from linattn import linear_attention, linear_attention_backward
 from linattn.feature_maps import EluPlusOne
-from linattn.numba_cpu import blas, chunked, elu, normaliser, products, softmax, step
+from linattn.numba_cpu import blas, chunked, elu, products, softmax, step
 
 from conftest import random_qkv
 
