@@ -14,6 +14,7 @@ the machine and the date, and ``read_csv`` reads it back. Row schemas (every row
 ``memory_vs_n``           n, peak_bytes
 ``time_per_token``        position (>= 1, tokens in the context), seconds_per_token
 ``copy_task_loss``        step (>= 1), train_loss, eval_loss (either may be missing)
+``speech_per``            epoch (>= 1), valid_per, epoch_s
 ========================  ==========================================================
 
 Rows with equal name and x are repeats (seeds, runs): a curve shows their median, and a band
@@ -45,6 +46,7 @@ TIME_COLUMNS = ("name", "n", "seconds_fwd", "seconds_fwdbwd")
 MEMORY_COLUMNS = ("name", "n", "peak_bytes")
 TOKEN_COLUMNS = ("name", "position", "seconds_per_token")
 COPY_COLUMNS = ("name", "step", "train_loss", "eval_loss")
+SPEECH_COLUMNS = ("name", "epoch", "valid_per", "epoch_s")
 
 DPI = 120
 MARKERS = "os^Dvp*hx"
@@ -53,7 +55,8 @@ LABELS = {"seconds_fwd": "forward", "seconds_fwdbwd": "forward + backward",
           "output_error": "attention output vs softmax attention",
           "seconds_per_token": "one generation step",
           "train_loss": "training batch (before its step)",
-          "eval_loss": "held-out batches"}
+          "eval_loss": "held-out batches", "valid_per": "validation phoneme error rate",
+          "epoch_s": "training seconds per epoch"}
 
 
 # ---- CSV: the raw numbers beside each PNG ---------------------------------------------------
@@ -293,6 +296,15 @@ def copy_task_loss(rows, path, title=None, caption=None):
                    loglog=False, caption=caption)
 
 
+def speech_per(rows, path, title=None, caption=None):
+    """Validation phoneme error rate against epoch, log y over linear x, one line per model,
+    and the seconds each epoch took (the speech experiment, table 3 of the paper, on the
+    SYNTHETIC task of ``linattn.model.speech_task``). Rows: SPEECH_COLUMNS, from
+    ``linattn.measure.speech_rows``."""
+    return _figure(rows, path, "epoch", ("valid_per", "epoch_s"), SPEECH_COLUMNS, "epoch",
+                   "", title, loglog=False, caption=caption)
+
+
 # ---- the figures of ``python -m linattn.figures`` -----------------------------------------
 
 def _feature_maps(out, quick, caption, peer_python):
@@ -350,9 +362,23 @@ def _benchmark(out, quick, caption, peer_python):
     return paths
 
 
+def _speech(out, quick, caption, peer_python):
+    """The four models of the paper's Table 3 on the SYNTHETIC phoneme task (runs in a
+    temporary folder); the table beside the figure as speech_table.csv."""
+    with tempfile.TemporaryDirectory() as runs:
+        rows, table = measure.speech_rows(runs, quick)
+    write_csv(out / "speech_table.csv", table, tuple(table[0]),
+              {"figure": "speech_table", **machine(), "measured on": caption})
+    title = ("Speech, SYNTHETIC phoneme task (not WSJ): CTC, "
+             f"{measure.SPEECH_TASK['n_train']} training utterances, float32")
+    return (*speech_per(rows, out / "speech_per", title=title if not quick else "Speech",
+                        caption=caption), out / "speech_table.csv")
+
+
 # The figures ``main`` regenerates: (name, function(out_dir, quick, caption, peer_python)).
 FIGURES = [("time_vs_n, memory_vs_n, time_per_token", _benchmark),
-           ("feature_map_error", _feature_maps), ("copy_task_loss", _copy_task)]
+           ("feature_map_error", _feature_maps), ("copy_task_loss", _copy_task),
+           ("speech_per, speech_table", _speech)]
 
 
 def main(argv=None):

@@ -6,12 +6,16 @@ figure functions only draw. For Katharopoulos et al. (2020), arXiv:2006.16236.
 - ``copy_task_rows``: loss curves of a linear and a softmax transformer trained on the copy
   task (section 4.1, figure 2 of the paper), for ``figures.copy_task_loss``.
 
+- ``speech_rows``: validation PER curves and a Table-3-style table of the speech experiment
+  (section 4.3, table 3 of the paper) on a SYNTHETIC stand-in for WSJ, for
+  ``figures.speech_per``;
 - ``benchmark_rows``: time, memory and time per generated token from one run of
   ``linattn.bench`` (sections 3.3-3.4, figure 1 of the paper), for ``figures.time_vs_n``,
   ``figures.memory_vs_n`` and ``figures.time_per_token``.
 
 Nothing here draws or imports matplotlib; the figures and the notebooks call these functions.
 """
+import csv
 import json
 import os
 
@@ -117,6 +121,49 @@ def copy_task_rows(out_dir, steps=1000, batch_size=32, eval_every=50, seed=0, le
                 row[key] = None if np.isnan(log[key][i]) else float(log[key][i])
             rows.append(row)
     return rows
+
+
+SPEECH_MODELS = ("bilstm", "softmax", "lsh", "linear")
+# the speech figure's settings: utterances of 10-30 phonemes (about 150 frames), 256 for
+# training, 40 epochs of batches of 16, the models of model.speech_train.DEFAULT_SPEECH
+SPEECH_TASK = dict(min_phonemes=10, max_phonemes=30, n_train=256, n_valid=64, n_test=100)
+SPEECH_EPOCHS = 40
+
+
+def speech_rows(out_dir, quick=False):
+    """Train the four models of the paper's Table 3 (a Bi-LSTM, and non-causal transformer
+    encoders with softmax, lsh-4 and linear attention) with CTC on the SYNTHETIC phoneme
+    task for the same number of epochs, and return their curves and table: the data of
+    ``figures.speech_per``. The task is random phoneme templates, not speech: the error
+    rates say which model learns this task, not how they compare on WSJ.
+
+    Returns
+    -------
+    rows : list of dict
+        name, epoch, valid_per, epoch_s (seconds of training in that epoch).
+    table : list of dict
+        model, n_params, epochs, test_per, s_per_epoch (the median epoch), and two rows
+        for outputs that ignore the audio (the trivial baselines).
+    """
+    from .model.speech_task import SpeechTask
+    from .model.speech_train import SpeechTrainConfig, speech_curves
+
+    if quick:
+        task, epochs = SpeechTask(min_phonemes=2, max_phonemes=4, n_train=8, n_valid=4,
+                                  n_test=4), 2
+        sizes = dict(d_model=8, n_layers=1, n_heads=2, d_mlp=16, hidden=8, lstm_layers=1)
+    else:
+        task, epochs, sizes = SpeechTask(**SPEECH_TASK), SPEECH_EPOCHS, {}
+    curves, table = speech_curves(os.fspath(out_dir), SPEECH_MODELS, task,
+                                  SpeechTrainConfig(epochs=epochs, batch_size=16),
+                                  reuse=False, **sizes)
+    with open(curves, newline="") as f:
+        rows = [{"name": r["model"], "epoch": int(r["epoch"]),
+                 "valid_per": float(r["valid_per"]), "epoch_s": float(r["epoch_s"])}
+                for r in csv.DictReader(f)]
+    with open(table, newline="") as f:
+        table_rows = list(csv.DictReader(f))
+    return rows, table_rows
 
 
 # the benchmark's cases under the names the figures show; the peers' carry their library
