@@ -13,6 +13,7 @@ VARIANTS = [dict(attention="linear", n_layers=2),
             dict(attention="softmax", n_layers=2, positions="learned", activation="relu"),
             dict(attention="linear", n_layers=1, feature_map="taylor", positions="learned"),
             dict(attention="lsh", n_layers=2, n_hashes=2, lsh_chunk_size=2)]
+SLOW = (0, 3)          # whole-model finite differences through two layers: tens of seconds
 
 
 def _batch(seed, b=2, n=5, vocab=7):
@@ -37,7 +38,9 @@ def _numerical(params, loss, h=1e-6):
     return grads
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v.values())))
+@pytest.mark.parametrize("variant", [
+    pytest.param(v, marks=pytest.mark.slow) if i in SLOW else v for i, v in enumerate(VARIANTS)],
+    ids=lambda v: "-".join(map(str, v.values())))
 def test_model_gradient(variant):
     cfg = ModelConfig(**TINY, **variant)
     params = init_params(cfg, seed=1)

@@ -214,6 +214,7 @@ def float64_in_ir(function, *args):
     return any(op in ir for op in ("fadd double", "fmul double", "fdiv double", "fpext"))
 
 
+@pytest.mark.slow
 def test_float32_stays_float32_inside_the_loops():
     x = np.ones((2, 5, 4), np.float32)
     out, den, eps = np.empty_like(x), np.empty((2, 5), np.float32), np.float32(1e-6)
