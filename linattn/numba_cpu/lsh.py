@@ -18,11 +18,16 @@ and a_i likewise; at the end out_i = a_i / s_i and lse_i = m_i + log s_i. That i
 reference's sum_r exp(lse_r - logsumexp lse) out_r without storing the rounds. c_ij, the
 number of rounds in which j lies in i's window, compares every round's chunk of i and j.
 
-Parallel over (batch x heads) x chunks, the rounds one after another in one compiled loop.
-In a round every query belongs to one chunk, so forward units never write the same row.
-The backward writes key gradients to the chunk's own keys and to the previous chunk's, so
-it runs the even chunks, then the odd ones: units of one parity touch disjoint keys. The
-large arrays are made in Python, where ``tracemalloc`` sees them.
+Parallel over (batch x heads) x runs of ``RUN`` consecutive chunks, the rounds one after
+another in one compiled loop. A unit walks its run in order: a chunk's rows, gathered as
+its queries and own keys, are the next chunk's previous keys, so each row is gathered once
+a round, not twice. In a round every query belongs to one chunk, so forward units never
+write the same row. In the backward a key's gradient gathers from its own chunk's queries
+and the next chunk's: the run adds it to dk and dv once both are in, except at its two
+ends, where it meets the runs on either side; so the even runs go first, then the odd
+ones, and units of one parity touch disjoint keys. (Numba 0.68 mis-compiled a loop over a
+tuple of arrays inside these parallel loops: each array has its own line.) The large
+arrays are made in Python, where ``tracemalloc`` sees them.
 
 Cost per round: O(N C (D + M + n_hashes)) time for the chunks, and the hashing's
 O(N D n_buckets); memory O(N (D + M)) plus O(C (C + D + M + n_hashes)) per parallel unit.
@@ -38,6 +43,8 @@ from ..forms import lsh
 from .blas import gemm
 from .flash_tiles import exp_nonpositive
 from .lsh_hash import hashing
+
+RUN = 8          # consecutive chunks a parallel unit walks, sharing the rows it gathered
 
 
 def _rows(x):
@@ -130,9 +137,9 @@ def _forward_rounds(qk, k, v, order, chunk, has_other, c, causal, scale, log_mee
 def _backward_rounds(qk, k, v, dout, order, chunk, has_other, c, causal, scale, log_meets,
                      lse, delta, dq, dk, dv):
     """Every round into dq, dk (with respect to the unit keys) and dv, two parallel passes
-    over the chunks a round."""
+    over the runs of chunks a round."""
     for h in range(len(order)):
-        for parity in (0, 1):                      # even chunks, then odd: no shared keys
+        for parity in (0, 1):                      # even runs, then odd: no shared keys
             _backward_round(qk, k, v, dout, order[h], chunk, has_other, c, causal, scale,
                             log_meets, lse, delta, parity, dq, dk, dv)
 
@@ -152,14 +159,13 @@ def _add_unit_keys_backward(dq, dk, k, norm):
 
 
 @njit(cache=True, error_model="numpy")
-def _gather(x, positions):
-    """The rows x[positions] (len, W), C-contiguous, of x (N, W)."""
-    rows = np.empty((positions.size, x.shape[1]), dtype=x.dtype)
+def _gather(x, positions, out):
+    """out[a] = x[positions[a]]: rows of x (N, W) into out (len, W)."""
     for a in range(positions.size):
         j = positions[a]
         for e in range(x.shape[1]):
-            rows[a, e] = x[j, e]
-    return rows
+            out[a, e] = x[j, e]
+    return out
 
 
 @njit(cache=True, error_model="numpy")
@@ -171,19 +177,45 @@ def _window(order, ch, c):
 
 
 @njit(cache=True, error_model="numpy")
-def _logits(qk, k, order, chunk, has_other, r, ch, c, causal, scale, log_meets):
-    """One chunk's queries against its window, row r, order (R, N) the round's: (queries,
-    keys, query rows (nq, D), key rows (nk, D), St (nk, nq)), St[b, a] the logit l_ij -
-    log c_ij of query i = queries[a] and key j = keys[b] where the window allows the pair,
-    -inf elsewhere. Held transposed, keys by queries, so that every per-query quantity lies
-    along the contiguous axis and the loops over it vectorise."""
-    mid, lo, end = _window(order[r], ch, c)
-    queries, keys = order[r, mid:end], order[r, lo:end]
-    q, kw = _gather(qk[r], queries), _gather(k[r], keys)
+def _runs(n, c):
+    """(chunks, runs): a row's chunks and the runs of ``RUN`` consecutive chunks."""
+    n_chunks = -(-n // c)
+    return n_chunks, -(-n_chunks // RUN)
+
+
+@njit(cache=True, error_model="numpy")
+def _slide(window, ch, c):
+    """Before chunk ch of a run: the rows window (2C, W) held for chunk ch - 1's own keys
+    (from row C, or row 0 for chunk 0, whose window has no previous chunk) become ch's
+    previous keys, rows 0 .. C."""
+    before = c if ch > 1 else 0
+    window[:c] = window[before:before + c]
+
+
+@njit(cache=True, error_model="numpy")
+def _load(window, x, order, ch, c, first):
+    """Rows of x (N, W) for chunk ch's window into window (2C, W), the previous chunk's then
+    its own, in the round's order (N,): slid from chunk ch - 1's when the run walked it
+    (first: the run's first chunk), else gathered. Returns the filled rows."""
+    mid, lo, end = _window(order, ch, c)
+    if ch > first:
+        _slide(window, ch, c)
+    else:
+        _gather(x, order[lo:mid], window[:mid - lo])
+    _gather(x, order[mid:end], window[mid - lo:end - lo])
+    return window[:end - lo]
+
+
+@njit(cache=True, error_model="numpy")
+def _logits(q, kw, queries, keys, chunk, has_other, r, causal, scale, log_meets):
+    """One chunk's queries against its window, row r: St (nk, nq), St[b, a] the logit
+    l_ij - log c_ij of query i = queries[a] (rows q) and key j = keys[b] (rows kw) where the
+    window allows the pair, -inf elsewhere. Held transposed, keys by queries, so that every
+    per-query quantity lies along the contiguous axis and the loops over it vectorise."""
     st = np.empty((keys.size, queries.size), dtype=q.dtype)
     gemm(kw, q.T, st, 0)                                            # k_j . qk_i
-    _mask(st, keys, queries, chunk, has_other[r], r, causal, scale, log_meets)
-    return queries, keys, q, kw, st
+    _mask(st, keys, queries, chunk, has_other, r, causal, scale, log_meets)
+    return st
 
 
 @njit(cache=True, error_model="numpy")
@@ -250,68 +282,97 @@ def _exp_columns(st, shift, total):
 @njit(parallel=True, cache=True, error_model="numpy")
 def _forward_round(qk, k, v, order, chunk, has_other, c, causal, scale, log_meets, top,
                    total, acc):
-    """Add one round to every query's (m_i, s_i, a_i); order (R, N) is this round's."""
+    """Add one round to every query's (m_i, s_i, a_i); order (R, N) is this round's. A
+    unit walks a run of chunks in order, so each key row is gathered once (``_load``)."""
     rows, n = order.shape
-    n_chunks = -(-n // c)
-    for unit in prange(rows * n_chunks):
-        r, ch = divmod(np.int64(unit), n_chunks)                    # prange counts unsigned
-        queries, keys, _, _, pt = _logits(qk, k, order, chunk, has_other, r, ch, c, causal,
-                                          scale, log_meets)
-        nq = queries.size
-        shift = _column_max(pt, np.empty(nq, dtype=pt.dtype))      # this round's maxima
-        alpha = np.ones(nq, dtype=pt.dtype)                         # e^{m_i - m_new}
-        for a in range(nq):
-            new, old = shift[a], top[r, queries[a]]
-            if new == pt.dtype.type(-np.inf):                       # no key this round:
-                shift[a] = 0                                        # its exps are 0
-                continue
-            new = new if (new != new or new > old) else old         # m_new; NaN stays NaN
-            alpha[a] = np.exp(old - new)                            # 0 on a query's first key
-            top[r, queries[a]] = shift[a] = new
-        sums = np.empty(nq, dtype=pt.dtype)
-        _exp_columns(pt, shift, sums)                               # e^{l_ij - m}, <= 1
-        part = np.empty((nq, v.shape[2]), dtype=pt.dtype)
-        gemm(pt.T, _gather(v[r], keys), part, 0)                    # sum_j e^{l_ij - m} v_j
-        for a in range(nq):
-            i = queries[a]
-            total[r, i] = alpha[a] * total[r, i] + sums[a]
-            acc_i = acc[r, i]
-            for e in range(part.shape[1]):
-                acc_i[e] = alpha[a] * acc_i[e] + part[a, e]
+    n_chunks, n_runs = _runs(n, c)
+    for unit in prange(rows * n_runs):
+        r, run = divmod(np.int64(unit), n_runs)                     # prange counts unsigned
+        first = run * RUN
+        q = np.empty((c, qk.shape[2]), dtype=qk.dtype)
+        kw, vw = np.empty((2 * c, k.shape[2]), dtype=k.dtype), np.empty((2 * c, v.shape[2]),
+                                                                         dtype=v.dtype)
+        for ch in range(first, min(first + RUN, n_chunks)):
+            mid, lo, end = _window(order[r], ch, c)
+            queries, keys, nq = order[r, mid:end], order[r, lo:end], end - mid
+            pt = _logits(_gather(qk[r], queries, q[:nq]), _load(kw, k[r], order[r], ch, c,
+                                                                first),
+                         queries, keys, chunk, has_other[r], r, causal, scale, log_meets)
+            shift = _column_max(pt, np.empty(nq, dtype=pt.dtype))  # this round's maxima
+            alpha = np.ones(nq, dtype=pt.dtype)                     # e^{m_i - m_new}
+            for a in range(nq):
+                new, old = shift[a], top[r, queries[a]]
+                if new == pt.dtype.type(-np.inf):                   # no key this round:
+                    shift[a] = 0                                    # its exps are 0
+                    continue
+                new = new if (new != new or new > old) else old     # m_new; NaN stays NaN
+                alpha[a] = np.exp(old - new)                        # 0 on a query's first key
+                top[r, queries[a]] = shift[a] = new
+            sums = np.empty(nq, dtype=pt.dtype)
+            _exp_columns(pt, shift, sums)                           # e^{l_ij - m}, <= 1
+            part = np.empty((nq, v.shape[2]), dtype=pt.dtype)
+            gemm(pt.T, _load(vw, v[r], order[r], ch, c, first), part, 0)   # sum e^{..} v_j
+            for a in range(nq):
+                i = queries[a]
+                total[r, i] = alpha[a] * total[r, i] + sums[a]
+                acc_i = acc[r, i]
+                for e in range(part.shape[1]):
+                    acc_i[e] = alpha[a] * acc_i[e] + part[a, e]
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
 def _backward_round(qk, k, v, dout, order, chunk, has_other, c, causal, scale, log_meets,
                     lse, delta, parity, dq, dk, dv):
-    """Add one round's share to dq, dk (with respect to the unit keys) and dv, for the
-    chunks of one ``parity``; order (R, N) is this round's."""
+    """Add one round's share to dq, dk (with respect to the unit keys) and dv, for the runs
+    of one ``parity``; order (R, N) is this round's.
+
+    A unit walks a run of chunks in order. A key's gradient gathers from its own chunk's
+    queries and from the next chunk's, so the run holds the window's gradient rows (the
+    previous chunk's, then its own) and adds the previous chunk's to dk and dv once both
+    are in; a run's first chunk and its last add what they have, and the runs next to it
+    (the other parity) the rest."""
     rows, n = order.shape
-    n_chunks = -(-n // c)
-    per_row = (n_chunks + 1 - parity) // 2
+    n_chunks, n_runs = _runs(n, c)
+    per_row = (n_runs + 1 - parity) // 2
+    d, m = k.shape[2], v.shape[2]
     for unit in prange(rows * per_row):
         r, u = divmod(np.int64(unit), per_row)
-        queries, keys, q, kw, pt = _logits(qk, k, order, chunk, has_other, r,
-                                           2 * u + parity, c, causal, scale, log_meets)
-        nq, nk = queries.size, keys.size
-        lse_q, delta_q = np.empty(nq, dtype=pt.dtype), np.empty(nq, dtype=pt.dtype)
-        for a in range(nq):
-            lse_q[a], delta_q[a] = lse[r, queries[a]], delta[r, queries[a]]
-        _exp_columns(pt, lse_q, np.empty(nq, dtype=pt.dtype))      # P^r_ij, transposed
-        dout_q = _gather(dout[r], queries)
-        dv_w = np.empty((nk, v.shape[2]), dtype=pt.dtype)
-        gemm(pt, dout_q, dv_w, 0)                                   # P^T dout
-        dpt = np.empty(pt.shape, dtype=pt.dtype)
-        gemm(_gather(v[r], keys), dout_q.T, dpt, 0)                 # dP_ij = dout_i . v_j
-        for b in range(nk):
+        first = (2 * u + parity) * RUN
+        q, dout_q = np.empty((c, d), dtype=qk.dtype), np.empty((c, m), dtype=v.dtype)
+        kw, vw = np.empty((2 * c, d), dtype=k.dtype), np.empty((2 * c, m), dtype=v.dtype)
+        dk_w, dv_w = np.zeros((2 * c, d), dtype=k.dtype), np.zeros((2 * c, m), dtype=v.dtype)
+        for ch in range(first, min(first + RUN, n_chunks)):
+            mid, lo, end = _window(order[r], ch, c)
+            queries, keys, nq, nk = order[r, mid:end], order[r, lo:end], end - mid, end - lo
+            if ch > first:                                          # the last chunk's own
+                _slide(dk_w, ch, c)                                 # keys become previous
+                _slide(dv_w, ch, c)
+                dk_w[c:], dv_w[c:] = 0, 0
+            q_rows = _gather(qk[r], queries, q[:nq])
+            kw_rows = _load(kw, k[r], order[r], ch, c, first)
+            pt = _logits(q_rows, kw_rows, queries, keys, chunk, has_other[r], r, causal,
+                         scale, log_meets)
+            lse_q, delta_q = np.empty(nq, dtype=pt.dtype), np.empty(nq, dtype=pt.dtype)
             for a in range(nq):
-                pt[b, a] *= (dpt[b, a] - delta_q[a]) * scale        # dl_ij
-        dq_c = np.empty(q.shape, dtype=pt.dtype)
-        gemm(pt.T, kw, dq_c, 0)                                     # dl k
-        dk_w = np.empty(kw.shape, dtype=pt.dtype)
-        gemm(pt, q, dk_w, 0)                                        # dl^T qk
-        _scatter_add(dq[r], queries, dq_c)
-        _scatter_add(dk[r], keys, dk_w)
-        _scatter_add(dv[r], keys, dv_w)
+                lse_q[a], delta_q[a] = lse[r, queries[a]], delta[r, queries[a]]
+            _exp_columns(pt, lse_q, np.empty(nq, dtype=pt.dtype))  # P^r_ij, transposed
+            dout_rows = _gather(dout[r], queries, dout_q[:nq])
+            gemm(pt, dout_rows, dv_w[:nk], 1)                       # dv += P^T dout
+            dpt = np.empty(pt.shape, dtype=pt.dtype)
+            gemm(_load(vw, v[r], order[r], ch, c, first), dout_rows.T, dpt, 0)  # dout_i . v_j
+            for b in range(nk):
+                for a in range(nq):
+                    pt[b, a] *= (dpt[b, a] - delta_q[a]) * scale    # dl_ij
+            dq_c = np.empty((nq, d), dtype=pt.dtype)
+            gemm(pt.T, kw_rows, dq_c, 0)                            # dq = dl k
+            gemm(pt, q_rows, dk_w[:nk], 1)                          # dk += dl^T qk
+            _scatter_add(dq[r], queries, dq_c)
+            previous = keys[:mid - lo]                              # their gradients are in
+            _scatter_add(dk[r], previous, dk_w[:previous.size])
+            _scatter_add(dv[r], previous, dv_w[:previous.size])
+            if ch == min(first + RUN, n_chunks) - 1:                # the run's last chunk
+                _scatter_add(dk[r], queries, dk_w[mid - lo:nk])
+                _scatter_add(dv[r], queries, dv_w[mid - lo:nk])
 
 
 @njit(cache=True, error_model="numpy")
