@@ -76,8 +76,7 @@ def _prepare(qk, *, n_hashes, chunk_size, n_buckets, causal, seed):
                                      n_buckets=n_buckets, causal=causal, seed=seed)
     dtype = qk.dtype.type
     return Prepared(_rows(qk), k_r, norm.reshape(k_r.shape[:2]), order, rank // chunk_size,
-                    has_other,
-                    dtype(qk.shape[-1] ** -0.5),
+                    has_other, dtype(qk.shape[-1] ** -0.5),
                     np.log(np.arange(1, n_hashes + 1)).astype(qk.dtype))
 
 
@@ -127,7 +126,7 @@ def _forward(pre, v, c, causal):
 @njit(cache=True, error_model="numpy")
 def _forward_rounds(qk, k, v, order, chunk, has_other, c, causal, scale, log_meets, top,
                     total, acc):
-    """Every round into (m_i, s_i, a_i), one parallel pass over the chunks a round."""
+    """Every round into (m_i, s_i, a_i), one parallel pass over the runs of chunks a round."""
     for h in range(len(order)):
         _forward_round(qk, k, v, order[h], chunk, has_other, c, causal, scale, log_meets,
                        top, total, acc)
