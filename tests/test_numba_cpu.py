@@ -283,3 +283,19 @@ def test_softmax_float32_and_views(causal):
     oracle = softmax_attention_backward(dout, *views, causal=causal, backend="numpy")
     for g, w in zip(grads, oracle):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+
+
+def test_lsh_float32_stays_float32_inside_the_loops():
+    from linattn.numba_cpu import lsh, lsh_hash
+    x = np.ones((2, 40, 4), np.float32)
+    pre = lsh._prepare(x, n_hashes=2, chunk_size=4, n_buckets=None, causal=True, seed=0)
+    windows = (pre.order[0], pre.chunk, pre.has_other, 4)
+    stats = (pre.scale, pre.log_meets, x[:, :, 0].copy(), x[:, :, 1].copy())
+    for causal in (True, False):
+        assert not float64_in_ir(lsh._forward_round, x, x, x, *windows, causal, *stats,
+                                 x.copy())
+        assert not float64_in_ir(lsh._backward_round, x, x, x, x, *windows, causal, *stats, 0,
+                                 x.copy(), x.copy(), x.copy())
+    assert not float64_in_ir(lsh._add_unit_keys_backward, x, x, x, stats[2])
+    rotations_t = np.ones((1, 3, 4), np.float32)
+    assert not float64_in_ir(lsh_hash.buckets, x, rotations_t, np.empty((1, 2, 40), np.int64))

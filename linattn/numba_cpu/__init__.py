@@ -14,8 +14,9 @@ validate once and ``linattn.dispatch`` picks a module here.
 - ``step``      one RNN step, Eq. (16)-(20), in one call.
 - ``softmax``   softmax attention in tiles (the online softmax), never the N x N matrix;
                 ``flash_tiles``: its element loops.
-- ``lsh``       Reformer (LSH) attention, chunk by chunk, on NumPy's hashing
-                (``forms.lsh`` is its oracle; the public module is ``linattn.lsh``).
+- ``lsh``       Reformer (LSH) attention, chunk by chunk (``forms.lsh`` is its oracle;
+                the public module is ``linattn.lsh``).
+- ``lsh_hash``  its hashing: buckets a tile of rotations at a time, a counting sort.
 
 All take ``elu=True`` to apply the paper's feature map, elu+1 (Eq. 7), themselves, to raw q
 and k; the unfused path (NumPy feature map, then the kernel) is what the tests compare to.
