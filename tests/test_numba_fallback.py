@@ -29,6 +29,10 @@ SCRIPT = textwrap.dedent("""
                 gots = linattn.linear_attention_backward(dout, q, k, v, backend="numba", **kw)
                 for g, w in zip(gots, wants):
                     np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol)
+            lsh = dict(n_hashes=2, chunk_size=8, causal=causal)
+            np.testing.assert_allclose(linattn.lsh_attention(q, v, backend="numba", **lsh),
+                                       linattn.lsh_attention(q, v, backend="numpy", **lsh),
+                                       rtol=rtol, atol=rtol)
             want = linattn.softmax_attention(q, k, v, causal=causal, backend="numpy")
             got = linattn.softmax_attention(q, k, v, causal=causal, backend="numba")
             np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol)
