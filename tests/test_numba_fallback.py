@@ -33,6 +33,9 @@ SCRIPT = textwrap.dedent("""
             np.testing.assert_allclose(linattn.lsh_attention(q, v, backend="numba", **lsh),
                                        linattn.lsh_attention(q, v, backend="numpy", **lsh),
                                        rtol=rtol, atol=rtol)
+            for g, w in zip(linattn.lsh_attention_backward(dout, q, v, backend="numba", **lsh),
+                            linattn.lsh_attention_backward(dout, q, v, backend="numpy", **lsh)):
+                np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol)
             want = linattn.softmax_attention(q, k, v, causal=causal, backend="numpy")
             got = linattn.softmax_attention(q, k, v, causal=causal, backend="numba")
             np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol)
