@@ -35,6 +35,7 @@ import pathlib
 import platform
 import sys
 import tempfile
+import textwrap
 import time
 
 import numpy as np
@@ -78,7 +79,8 @@ def write_csv(path, rows, columns, meta):
     fields = list(columns) + list(dict.fromkeys(extra))
     with open(path, "w", newline="") as f:
         for key, value in meta.items():
-            f.write(f"# {key}: {value}\n")
+            flat = " ".join(str(value).split("\n"))           # one line a key
+            f.write(f"# {key}: {flat}\n")
         writer = csv.writer(f)
         writer.writerow(fields)
         for row in rows:
@@ -235,15 +237,17 @@ def _figure(rows, path, x, columns, schema, xlabel, ylabel, title, scale=1.0, lo
         ax.set_title(title)                 # one panel: the title replaces the column's name
     elif title:
         fig.suptitle(title)
-    if caption:
-        fig.supxlabel(caption, fontsize=7, color="0.3")
+    if caption:                           # wrapped to the figure's width, about 17 chars an inch
+        width = int(17 * fig.get_figwidth())
+        fig.supxlabel("\n".join(textwrap.fill(line, width) for line in caption.split("\n")),
+                      fontsize=7, color="0.3")
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     png, table = path.with_suffix(".png"), path.with_suffix(".csv")
     fig.savefig(png)
     meta = {"figure": path.stem, **machine()}
     if caption:
-        meta["measured on"] = caption
+        meta["caption"] = caption
     write_csv(table, rows, schema, meta)
     return png, table
 
@@ -341,7 +345,10 @@ def _benchmark(out, quick, caption, peer_python):
     """One benchmark run (its files go to out/data) drawn three ways, as the paper's
     Figure 1: time and memory per sample against N at a constant number of tokens."""
     scaling, tokens, meta = measure.benchmark_rows(out / "data", quick, peer_python)
-    caption = f"measured on {meta['machine']}; peers: {meta['peers']}"
+    caption = (f"measured on {meta['machine']}; peers: {meta['peers']}\neach curve stops "
+               f"after the first N at which one forward + backward call took over "
+               f"{meta['budget']:g} s (NumPy's softmax also where its N x N matrices would "
+               f"not fit in memory)")
     size = f"8 heads, D = M = 64, {meta['dtype']}, batch x N = {measure.FIGURE1['tokens']}"
     if quick:
         size = f"8 heads, D = M = 64, {meta['dtype']}"
@@ -368,7 +375,7 @@ def _speech(out, quick, caption, peer_python):
     with tempfile.TemporaryDirectory() as runs:
         rows, table = measure.speech_rows(runs, quick)
     write_csv(out / "speech_table.csv", table, tuple(table[0]),
-              {"figure": "speech_table", **machine(), "measured on": caption})
+              {"figure": "speech_table", **machine(), "caption": caption})
     title = ("Speech, SYNTHETIC phoneme task (not WSJ): CTC, "
              f"{measure.SPEECH_TASK['n_train']} training utterances, float32")
     return (*speech_per(rows, out / "speech_per", title=title if not quick else "Speech",

@@ -200,7 +200,7 @@ def benchmark_rows(out_dir, quick=False, peer_python=None, budget=5.0):
     tokens : list of dict
         name, position, seconds_per_token.
     meta : dict
-        machine (CPU, cores, BLAS) and settings, for the figures' captions and CSVs.
+        machine (CPU, cores, BLAS), dtype, budget and peers, for the figures' captions.
     """
     from . import bench
 
@@ -220,7 +220,7 @@ def benchmark_rows(out_dir, quick=False, peer_python=None, budget=5.0):
     tokens = [{"name": BENCH_NAMES[r["case"]], "position": r["position"],
                "seconds_per_token": r["seconds_per_token"]} for r in results["generation"]]
     return scaling, tokens, {"machine": machine_caption(results["machine"]),
-                             "dtype": results["config"]["dtype"],
+                             "dtype": results["config"]["dtype"], "budget": budget,
                              "peers": results.get("peers_note") or "none"}
 
 

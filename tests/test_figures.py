@@ -97,3 +97,11 @@ def test_main_quick_writes_every_figure(tmp_path, capsys):
         assert (tmp_path / f"{name}.png").exists() and (tmp_path / f"{name}.csv").exists()
     assert (tmp_path / "data" / "bench.json").exists()
     assert f"[{len(figures.FIGURES)}/{len(figures.FIGURES)}]" in capsys.readouterr().out
+
+
+def test_a_caption_of_several_lines_stays_in_the_csv_header(tmp_path):
+    rows = [{"name": "a", "n": 2, "seconds_fwd": 1.0}, {"name": "a", "n": 4, "seconds_fwd": 2.0}]
+    figures.time_vs_n(rows, tmp_path / "t", caption="first line\nsecond line")
+    back, meta = figures.read_csv(tmp_path / "t.csv")
+    assert meta["caption"] == "first line second line"
+    assert [r["n"] for r in back] == [2, 4]
