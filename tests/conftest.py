@@ -42,6 +42,24 @@ def numerical_gradients(f, arrays, dout, h=1e-6):
     return grads
 
 
+def numerical_parameter_gradients(params, loss, h=1e-6):
+    """{name: central differences of ``loss()`` with respect to each array of the dict
+    ``params``}, each entry nudged in place and restored (float64)."""
+    grads = {}
+    for name, a in params.items():
+        g = np.zeros_like(a)
+        for idx in np.ndindex(a.shape):
+            old = a[idx]
+            a[idx] = old + h
+            plus = loss()
+            a[idx] = old - h
+            minus = loss()
+            a[idx] = old
+            g[idx] = (plus - minus) / (2 * h)
+        grads[name] = g
+    return grads
+
+
 def relative_error(got, want):
     """max |got - want| / max(|want|, tiny): one number per comparison, as cs231n does."""
     scale = max(np.max(np.abs(want), initial=0.0), 1e-12)

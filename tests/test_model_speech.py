@@ -11,6 +11,8 @@ from linattn.model.speech import (SpeechConfig, check_speech_config, decode, for
                                   init_params, loss_and_grads)
 from linattn.model.speech_task import SpeechTask, epoch_batches, pad_batch, trivial_per
 
+from conftest import numerical_parameter_gradients
+
 TINY_TASK = SpeechTask(n_phonemes=3, n_features=3, min_phonemes=1, max_phonemes=3,
                        min_hold=2, max_hold=3, n_train=4, n_valid=2, n_test=2)
 TINY = dict(n_features=3, n_classes=4, d_model=8, n_layers=1, n_heads=2, d_mlp=8,
@@ -30,20 +32,6 @@ def _loss(params, cfg, batch):
     return nll.sum() / batch.label_lengths.sum()
 
 
-def _numerical(params, loss, h=1e-6):
-    grads = {}
-    for name, a in params.items():
-        g = np.zeros_like(a)
-        for idx in np.ndindex(a.shape):
-            old = a[idx]
-            a[idx] = old + h
-            plus = loss()
-            a[idx] = old - h
-            minus = loss()
-            a[idx] = old
-            g[idx] = (plus - minus) / (2 * h)
-        grads[name] = g
-    return grads
 
 
 @pytest.mark.parametrize("model", [m if m == "bilstm" else pytest.param(m, marks=pytest.mark.slow)
@@ -54,7 +42,7 @@ def test_ctc_loss_gradient(model):
     batch = _batch()
     assert len(set(batch.input_lengths)) > 1                        # padding is exercised
     loss, grads = loss_and_grads(params, cfg, batch)
-    want = _numerical(params, lambda: _loss(params, cfg, batch))
+    want = numerical_parameter_gradients(params, lambda: _loss(params, cfg, batch))
     assert grads.keys() == params.keys() and np.isfinite(loss)
     # one scale for all: softmax's key bias has a true gradient of exactly 0
     scale = max(np.max(np.abs(w)) for w in want.values())

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from conftest import relative_error
+from conftest import numerical_parameter_gradients, relative_error
 from linattn.model.config import ModelConfig, check_config
 from linattn.model.layers import cross_entropy
 from linattn.model.transformer import forward, init_params, loss_and_grads
@@ -22,20 +22,6 @@ def _batch(seed, b=2, n=5, vocab=7):
             (rng.random((b, n)) > 0.3).astype(float))
 
 
-def _numerical(params, loss, h=1e-6):
-    grads = {}
-    for name, a in params.items():
-        g = np.zeros_like(a)
-        for idx in np.ndindex(a.shape):
-            old = a[idx]
-            a[idx] = old + h
-            plus = loss()
-            a[idx] = old - h
-            minus = loss()
-            a[idx] = old
-            g[idx] = (plus - minus) / (2 * h)
-        grads[name] = g
-    return grads
 
 
 @pytest.mark.parametrize("variant", [
@@ -46,7 +32,7 @@ def test_model_gradient(variant):
     params = init_params(cfg, seed=1)
     ids, targets, weights = _batch(2)
     loss, grads = loss_and_grads(params, cfg, ids, targets, weights)
-    want = _numerical(params, lambda: cross_entropy(forward(params, cfg, ids)[0], targets,
+    want = numerical_parameter_gradients(params, lambda: cross_entropy(forward(params, cfg, ids)[0], targets,
                                                     weights))
     assert grads.keys() == params.keys()
     # one scale for all parameters: some true gradients are exactly 0 (softmax's key bias,

@@ -1,5 +1,5 @@
 """The RNN form, section 3.4: scanning linear_attention_step reproduces causal attention,
-and the state (S, z) of Eq. (16)-(19) is a plain, inspectable value."""
+and the state (S, z) of the RNN, Eq. (16)-(20), is a plain, inspectable value."""
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st

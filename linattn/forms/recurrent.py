@@ -1,6 +1,6 @@
-"""Linear attention as an RNN, section 3.4 of Katharopoulos et al. (2020), arXiv:2006.16236:
-the state (S, z) of Eq. (16)-(19) updated one position at a time and read out by Eq. (20)'s
-attention part. This is ``method="recurrent"``: a scan of ``step`` over the sequence.
+"""Linear attention as an RNN, Eq. (16)-(20), section 3.4 of Katharopoulos et al. (2020),
+arXiv:2006.16236: the state (S, z) starts at zero (Eq. 16-17), is updated one position at a
+time (Eq. 18-19) and read out by the attention part of Eq. (20). This is ``method="recurrent"``: a scan of ``step`` over the sequence.
 
 ``linattn.linear_attention_step`` is ``step`` behind the feature map and input checks.
 Oracle: ``quadratic``.
@@ -13,7 +13,8 @@ FUSED_FEATURE_MAPS = ()  # every feature map is applied before the kernel
 
 
 class State(NamedTuple):
-    """The recurrent state of linear attention after positions 1..i, Eq. (16)-(19).
+    """The recurrent state of the RNN of Eq. (16)-(20) after positions 1..i: s_i and z_i of
+    Eq. (18)-(19), zero before the first position (Eq. 16-17).
 
     S : ndarray, shape (..., F, M)
         Attention memory, sum_j phi(k_j) v_j^T.

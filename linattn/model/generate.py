@@ -2,7 +2,7 @@
 arXiv:2006.16236.
 
 - ``"recurrent"`` (linear models): the transformer as an RNN. Each layer and head carries
-  its state (S, z) of Eq. (16)-(19); a new token costs one ``linear_attention_step`` per
+  its state (S, z) of the RNN, Eq. (16)-(20); a new token costs one ``linear_attention_step`` per
   layer, O(d_model^2 + d_model d_head) time and constant memory, whatever its position.
 - ``"cache"`` (softmax models): keys and values of earlier positions are kept, and the new
   query attends to them: O(t d_model) time and memory at position t.

@@ -1,6 +1,6 @@
 """Helpers and exercise solutions for notebook 09, numerical stability.
 
-The RNN state of causal linear attention, Eq. (16)-(19) of Katharopoulos et al. (2020),
+The RNN state of causal linear attention, Eq. (16)-(20) of Katharopoulos et al. (2020),
 arXiv:2006.16236, is two running sums, S_i = S_{i-1} + phi(k_i) v_i^T and
 z_i = z_{i-1} + phi(k_i). Here they are computed three ways, so the notebook can measure how
 far float32 drifts from float64 over 10^6 positions:
