@@ -25,10 +25,10 @@ from tqdm import tqdm
 
 from .checkpoint import load_checkpoint, save_checkpoint
 from .ctc import phoneme_error_rate
-from .optim import AdamConfig, adam_init, adam_update
+from .optim import AdamConfig, adam_update
 from .speech import SpeechConfig, check_speech_config, decode, init_params, loss_and_grads
 from .speech_task import SpeechTask, epoch_batches, pad_batch, trivial_per
-from .train import open_log
+from .train import open_log, start_or_resume
 
 # ours: 2-layer models, small enough to train in minutes on two cores with NumPy
 DEFAULT_SPEECH = dict(d_model=64, n_layers=2, n_heads=4, d_mlp=256, hidden=64, lstm_layers=2)
@@ -99,15 +99,8 @@ def run_speech(cfg, task, train_cfg, adam=DEFAULT_SPEECH_ADAM, out_dir=None, res
     params : dict
     opt_state : AdamState
     """
-    ckpt_path = os.path.join(out_dir, "checkpoint.npz") if out_dir else None
-    if resume and not out_dir:
-        raise ValueError("resume=True needs the out_dir holding checkpoint.npz")
-    if resume:
-        ckpt = load_checkpoint(ckpt_path, expect=cfg)
-        params, opt_state = ckpt.params, ckpt.opt_state
-    else:
-        params = init_params(cfg, train_cfg.seed)
-        opt_state = adam_init(params)
+    ckpt_path, params, opt_state = start_or_resume(cfg, init_params, train_cfg.seed,
+                                                   out_dir, resume)
     splits = splits or {name: task.split(name) for name in ("train", "valid")}
     train, valid = splits["train"], splits["valid"]
     counts = [len(u.features) for u in train]

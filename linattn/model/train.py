@@ -90,6 +90,19 @@ def open_log(path, step, resume, fields=LOG_FIELDS):
     return log, writer, float(rows[-1][2]) if rows else 0.0
 
 
+def start_or_resume(cfg, init, seed, out_dir, resume):
+    """(checkpoint path or None, params, Adam state): fresh from ``init(cfg, seed)``, or, with
+    ``resume``, from ``out_dir/checkpoint.npz`` (whose config must equal ``cfg``)."""
+    ckpt_path = os.path.join(out_dir, "checkpoint.npz") if out_dir else None
+    if resume and not out_dir:
+        raise ValueError("resume=True needs the out_dir holding checkpoint.npz")
+    if resume:
+        ckpt = load_checkpoint(ckpt_path, expect=cfg)
+        return ckpt_path, ckpt.params, ckpt.opt_state
+    params = init(cfg, seed)
+    return ckpt_path, params, adam_init(params)
+
+
 def run(cfg, task, train_cfg, adam=AdamConfig(), out_dir=None, resume=False,
         progress=False, meta=None):
     """Train ``cfg`` on ``task`` for ``train_cfg.steps`` updates in total.
@@ -115,15 +128,8 @@ def run(cfg, task, train_cfg, adam=AdamConfig(), out_dir=None, resume=False,
     params : dict
     opt_state : AdamState
     """
-    ckpt_path = os.path.join(out_dir, "checkpoint.npz") if out_dir else None
-    if resume and not out_dir:
-        raise ValueError("resume=True needs the out_dir holding checkpoint.npz")
-    if resume:
-        ckpt = load_checkpoint(ckpt_path, expect=cfg)
-        params, opt_state = ckpt.params, ckpt.opt_state
-    else:
-        params = init_params(cfg, train_cfg.seed)
-        opt_state = adam_init(params)
+    ckpt_path, params, opt_state = start_or_resume(cfg, init_params, train_cfg.seed,
+                                                   out_dir, resume)
     log, writer, offset = (open_log(os.path.join(out_dir, "log.csv"), opt_state.step, resume)
                            if out_dir else (None, None, 0.0))
     held_out = held_out_batches(task, train_cfg)
