@@ -68,6 +68,9 @@ TABLE = {
     ("lsh", "auto", "numba"): "linattn.numba_cpu.lsh",
 }
 
+# the (family, backend) pairs the table has, for the check that runs on every call
+_BACKENDS_OF = frozenset((family, backend) for family, _, backend in TABLE)
+
 # method "auto" on each backend, as a function of causal
 AUTO_METHOD = {
     ("linear", "numpy"): lambda causal: "chunked" if causal else "linear",
@@ -95,9 +98,8 @@ def kernel(family, method, backend, xp, causal=False):
     """
     _checks.check_choice("method", method, METHODS[family])
     _checks.check_choice("backend", backend, BACKENDS)
-    have = sorted(m for f, m, b in TABLE if f == family and b == backend)
-    if backend != "auto" and not have:
-        others = sorted({b for f, m, b in TABLE if f == family})
+    if backend != "auto" and (family, backend) not in _BACKENDS_OF:
+        others = sorted(b for f, b in _BACKENDS_OF if f == family)
         raise ValueError(f"{family} attention has no {backend} kernel; use backend "
                          f"{' or '.join(repr(b) for b in others)}")
     for name in _candidates(backend, xp):
@@ -106,6 +108,7 @@ def kernel(family, method, backend, xp, causal=False):
             chosen = AUTO_METHOD.get((family, name), _only_auto)(causal)
         if (family, chosen, name) in TABLE:
             return importlib.import_module(TABLE[family, chosen, name]), name
+    have = sorted(m for f, m, b in TABLE if f == family and b == backend)
     raise ValueError(f"method {method!r} has no {backend} kernel for {family} attention; "
                      f"{backend} runs {', '.join(have)}; use backend='numpy' for {method!r}")
 
