@@ -21,6 +21,7 @@ import numpy as np
 
 from ..linear import linear_attention_step
 from ..softmax import softmax_attention
+from . import decode
 from .attention import merge_heads, split_heads
 from .layers import layer_norm, linear
 from .transformer import block_params, embed, forward, mlp
@@ -143,6 +144,9 @@ def generate(params, cfg, prompt, n_new, *, method="auto", temperature=0.0, seed
         # the model reads every token but the last one generated
         raise ValueError(f"prompt length {n_prompt} + n_new {n_new} - 1 must be at most "
                          f"max_len {cfg.max_len} (and n_new >= 0)")
+    if prompt.min() < 0 or prompt.max() >= cfg.vocab_size:
+        raise ValueError(f"prompt ids must lie in [0, {cfg.vocab_size}), got "
+                         f"[{prompt.min()}, {prompt.max()}]")
     rng = np.random.default_rng(seed)
     tokens = np.zeros((b, total), dtype=np.int64)
     tokens[:, :n_prompt] = prompt
@@ -151,14 +155,13 @@ def generate(params, cfg, prompt, n_new, *, method="auto", temperature=0.0, seed
             logits, _ = forward(params, cfg, tokens[:, :t])
             tokens[:, t] = sample(logits[:, -1], temperature, rng)
         return tokens
-    if method == "recurrent":
-        memories = (None,) * cfg.n_layers               # s_0 = z_0 = 0, Eq. (16)-(17)
-    else:
-        shape = (b, cfg.n_heads, total, cfg.d_head)
-        memories = tuple(KVCache(np.zeros(shape, cfg.dtype), np.zeros(shape, cfg.dtype))
-                         for _ in range(cfg.n_layers))
+    # the lean loop: what ``step`` computes, with everything but the token's own work done
+    # once here (the model reads positions 0..total-2)
+    weights = decode.prepare(params, cfg, total - 1)
+    buf = decode.buffers(cfg, b, total - 1)
+    memories = decode.memories(cfg, b, total - 1)      # s_0 = z_0 = 0 (Eq. 16-17), or empty
     for t in range(total - 1):                          # the prompt primes the memories
-        logits, memories = step(params, cfg, tokens[:, t], t, memories)
+        logits = decode.token_logits(weights, buf, memories, cfg, tokens[:, t], t)
         if t + 1 >= n_prompt:
             tokens[:, t + 1] = sample(logits, temperature, rng)
     return tokens

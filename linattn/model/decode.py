@@ -1,0 +1,177 @@
+"""The lean token loop behind ``generate``'s "recurrent" and "cache" methods: the reference
+``generate.step``, reorganised so that a token does no work a token need not do.
+
+Katharopoulos et al. (2020), arXiv:2006.16236, section 3.4: a linear transformer generates
+like an RNN, each layer carrying its state (S, z) of Eq. (16)-(20); a softmax one keeps its
+keys and values. ``step`` computes a token from the parameter dict with the NumPy layers;
+here, once per call of ``generate``:
+- ``prepare``: the weights in the model dtype, C-contiguous, W_Q, W_K, W_V joined into one
+  (d_model, 3 d_model) matrix (one product instead of three), the position encodings of
+  every position the loop will read;
+- ``buffers``: every per-token array (the residual stream x, LN(x), q | k | v, the heads'
+  outputs, the MLP's hidden layer, the logits) allocated for the batch;
+- ``memories``: one ``linattn.Recurrence`` per layer (lead shape (B, H), its state updated
+  in place, Eq. 18-19), or one ``SoftmaxCache`` per layer, filled a position at a time.
+Then ``token_logits`` per token: two compiled calls per block and the attention between
+them (``linattn.numba_cpu.decode``), no validation, no allocation but the RNN's output.
+Oracle: ``generate.step``; tests/test_model_generate.py holds the two to each other.
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from ..linear import linear_attention_step
+from .transformer import block_params, sinusoidal_positions
+
+
+class Recurrence:
+    """Stand-in with the interface of ``linattn.Recurrence`` until it lands."""
+
+    def __init__(self, lead_shape, d, m, *, feature_map="elu+1", eps=1e-6, dtype="float32"):
+        self.feature_map, self.state = feature_map, None
+
+    def step(self, q_t, k_t, v_t):
+        out, self.state = linear_attention_step(q_t, k_t, v_t, self.state,
+                                                feature_map=self.feature_map)
+        return out
+
+
+class Block(NamedTuple):
+    """One block's weights as the compiled calls take them: LN gains and biases (D,),
+    W_QKV (D, 3 D), b_QKV (3 D,), W_O (D, D), W_1 (D, F), W_2 (F, D) and their biases."""
+
+    ln1_g: np.ndarray
+    ln1_b: np.ndarray
+    w_qkv: np.ndarray
+    b_qkv: np.ndarray
+    w_o: np.ndarray
+    b_o: np.ndarray
+    ln2_g: np.ndarray
+    ln2_b: np.ndarray
+    w_1: np.ndarray
+    b_1: np.ndarray
+    w_2: np.ndarray
+    b_2: np.ndarray
+
+
+class Weights(NamedTuple):
+    """The whole model: token embeddings (V, D), position encodings (N, D) of positions
+    0..N-1, the blocks, the output projection (D, V) and its bias; ``out_norms`` holds, for
+    each block, the (gain, bias) of the layer norm that reads its output: the next block's
+    first, or, after the last block, the final one."""
+
+    tok_emb: np.ndarray
+    positions: np.ndarray
+    blocks: tuple
+    out_norms: tuple
+    w_out: np.ndarray
+    b_out: np.ndarray
+
+
+class Buffers(NamedTuple):
+    """Per-token arrays for a batch of B: the residual stream x, its normalised form h, a
+    sublayer's product y and the heads' outputs (B, D), qkv (B, 3 D), hidden (B, F), logits
+    (B, V), and the scores of one query against the cache (N,)."""
+
+    x: np.ndarray
+    h: np.ndarray
+    y: np.ndarray
+    qkv: np.ndarray
+    heads: np.ndarray
+    hidden: np.ndarray
+    logits: np.ndarray
+    scores: np.ndarray
+
+
+class SoftmaxCache(NamedTuple):
+    """One softmax layer's memory: keys stored transposed, (B, H, d_head, N), and values
+    (B, H, N, d_head); positions 0..t are filled after the token at t."""
+
+    keys_t: np.ndarray
+    values: np.ndarray
+
+
+def prepare(params, cfg, n_positions):
+    """``Weights`` from the parameter dict, in ``cfg.dtype``, for positions 0..n_positions-1."""
+    def c(a):
+        return np.ascontiguousarray(a, dtype=cfg.dtype)
+
+    if cfg.positions == "learned":
+        positions = params["pos_emb"][:n_positions]
+    else:
+        positions = sinusoidal_positions(0, n_positions, cfg.d_model, cfg.dtype)
+    blocks = []
+    for layer in range(cfg.n_layers):
+        p = block_params(params, layer)
+        blocks.append(Block(
+            c(p["ln1_g"]), c(p["ln1_b"]),
+            c(np.concatenate([p["wq"], p["wk"], p["wv"]], axis=1)),     # (D, 3 D)
+            c(np.concatenate([p["bq"], p["bk"], p["bv"]])),
+            c(p["wo"]), c(p["bo"]), c(p["ln2_g"]), c(p["ln2_b"]),
+            c(p["w1"]), c(p["b1"]), c(p["w2"]), c(p["b2"])))
+    out_norms = [(blk.ln1_g, blk.ln1_b) for blk in blocks[1:]]
+    out_norms.append((c(params["lnf_g"]), c(params["lnf_b"])))
+    return Weights(c(params["tok_emb"]), c(positions), tuple(blocks), tuple(out_norms),
+                   c(params["w_out"]), c(params["b_out"]))
+
+
+def buffers(cfg, b, n_positions):
+    """Empty ``Buffers`` for a batch of b sequences of up to n_positions."""
+    d = cfg.d_model
+
+    def empty(*shape):
+        return np.empty(shape, dtype=cfg.dtype)
+
+    return Buffers(empty(b, d), empty(b, d), empty(b, d), empty(b, 3 * d), empty(b, d),
+                   empty(b, cfg.d_mlp), empty(b, cfg.vocab_size), empty(n_positions))
+
+
+def memories(cfg, b, n_positions):
+    """Each layer's empty memory: a ``Recurrence`` (linear) with S_0 = 0, z_0 = 0 (Eq. 16-17),
+    or a ``SoftmaxCache`` (softmax) with room for n_positions."""
+    h, dh = cfg.n_heads, cfg.d_head
+    if cfg.attention == "linear":
+        return tuple(Recurrence((b, h), dh, dh, feature_map=cfg.feature_map, dtype=cfg.dtype)
+                     for _ in range(cfg.n_layers))
+    return tuple(SoftmaxCache(np.zeros((b, h, dh, n_positions), cfg.dtype),
+                              np.zeros((b, h, n_positions, dh), cfg.dtype))
+                 for _ in range(cfg.n_layers))
+
+
+def token_logits(weights, buf, memories, cfg, tokens, t):
+    """Next-token logits from the tokens (B,) at position t: ``generate.step``'s result, in
+    ``buf.logits`` (overwritten by the next call). Updates ``memories`` in place.
+
+    Per block, as ``transformer.block`` (pre-norm, Eq. 1), with h = LN(x) already made by
+    the previous ``add_norm``: q | k | v = h W_QKV + b_QKV, the attention, x += heads W_O
+    + b_O, h = LN(x), x += act(h W_1 + b_1) W_2 + b_2, and h = LN(x) for what comes next.
+
+    Cost per token: O(L B d_model (4 d_model + 2 d_mlp) + B d_model V) for the products,
+    plus O(L B d_model d_head) (linear) or O(L B t d_model) (softmax) for the attention.
+    """
+    from ..numba_cpu import decode as kernels          # numba is imported on first use
+    b, d, n_heads = buf.x.shape[0], cfg.d_model, cfg.n_heads
+    relu, scale = cfg.activation == "relu", buf.x.dtype.type(cfg.d_head ** -0.5)
+    first = weights.blocks[0]
+    np.take(weights.tok_emb, tokens, axis=0, out=buf.y)
+    buf.x[:] = 0                                        # x_0 = token embedding + position
+    kernels.add_norm(buf.x, buf.y, weights.positions[t], first.ln1_g, first.ln1_b, buf.h)
+    for blk, (out_g, out_b), memory in zip(weights.blocks, weights.out_norms, memories):
+        np.matmul(buf.h, blk.w_qkv, out=buf.qkv)
+        np.add(buf.qkv, blk.b_qkv, out=buf.qkv)         # q | k | v, each (B, H d_head)
+        if cfg.attention == "linear":                   # the RNN, Eq. (16)-(20)
+            q, k, v = (buf.qkv[:, i * d:(i + 1) * d].reshape(b, n_heads, -1)
+                       for i in range(3))
+            heads = memory.step(q, k, v).reshape(b, d)
+        else:                                           # the new query against the cache
+            kernels.cache_attend(buf.qkv, t, memory.keys_t, memory.values, scale,
+                                 buf.scores, buf.heads)
+            heads = buf.heads
+        np.matmul(heads, blk.w_o, out=buf.y)
+        kernels.add_norm(buf.x, buf.y, blk.b_o, blk.ln2_g, blk.ln2_b, buf.h)
+        np.matmul(buf.h, blk.w_1, out=buf.hidden)
+        kernels.bias_activate(buf.hidden, blk.b_1, relu)           # f_l's hidden layer
+        np.matmul(buf.hidden, blk.w_2, out=buf.y)
+        kernels.add_norm(buf.x, buf.y, blk.b_2, out_g, out_b, buf.h)
+    np.matmul(buf.h, weights.w_out, out=buf.logits)
+    return np.add(buf.logits, weights.b_out, out=buf.logits)
