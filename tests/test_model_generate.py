@@ -124,6 +124,18 @@ def test_lean_float32_greedy_tokens_match_the_step_loop(attention):
                                   _by_step(params, cfg, prompt, 20))
 
 
+@pytest.mark.parametrize("b", [1, 3])
+def test_lean_buffers_q_k_v_are_views_of_qkv(b):
+    # the RNN reads q, k, v through views made once: each must see what qkv holds
+    cfg, _ = _model("linear")
+    buf = decode.buffers(cfg, b, 5)
+    buf.qkv[:] = np.arange(buf.qkv.size).reshape(buf.qkv.shape)
+    for i, view in enumerate((buf.q, buf.k, buf.v)):
+        part = buf.qkv[i * cfg.d_model:(i + 1) * cfg.d_model].T     # (B, D)
+        np.testing.assert_array_equal(view.reshape(b, cfg.d_model), part)
+        assert np.shares_memory(view, buf.qkv)
+
+
 def test_lean_loop_leaves_the_parameters_alone():
     cfg, params = _model("softmax")
     before = {name: a.copy() for name, a in params.items()}

@@ -28,26 +28,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..linear import linear_attention_step
+from ..recurrence import Recurrence
 from .transformer import block_params, sinusoidal_positions
-
-
-class Recurrence:
-    """Stand-in with the interface of ``linattn.Recurrence`` until it lands."""
-
-    def __init__(self, lead_shape, d, m, *, feature_map="elu+1", eps=1e-6, dtype="float32"):
-        self.feature_map, self.state = feature_map, None
-
-    def step(self, q_t, k_t, v_t):
-        out, self.state = linear_attention_step(q_t, k_t, v_t, self.state,
-                                                feature_map=self.feature_map)
-        return out
 
 
 class Block(NamedTuple):
     """One block's weights as the loop takes them: LN gains and biases (D,), the matrices
     transposed, (out, in): W_QKV^T (3 D, D), W_O^T (D, D), W_1^T (F, D), W_2^T (D, F), and
-    their biases, b_QKV (3 D,), b_O (D,), b_1 (F,), b_2 (D,)."""
+    their biases, b_QKV as a column (3 D, 1), b_O (D,), b_1 (F,), b_2 (D,)."""
 
     ln1_g: np.ndarray
     ln1_b: np.ndarray
@@ -65,10 +53,9 @@ class Block(NamedTuple):
 
 class Weights(NamedTuple):
     """The whole model: token embeddings transposed (D, V), position encodings (N, D) of
-    positions 0..N-1, the blocks, the output projection W_out^T (V, D) and its bias (V,);
-    ``out_norms`` holds, for
-    each block, the (gain, bias) of the layer norm that reads its output: the next block's
-    first, or, after the last block, the final one."""
+    positions 0..N-1, the blocks, the output projection W_out^T (V, D) and its bias as a
+    column (V, 1); ``out_norms`` holds, for each block, the (gain, bias) of the layer norm
+    that reads its output: the next block's first, or, after the last block, the final one."""
 
     tok_emb_t: np.ndarray
     positions: np.ndarray
@@ -82,7 +69,8 @@ class Buffers(NamedTuple):
     """Per-token arrays for a batch of B, one column per sequence: the residual stream x,
     its normalised form h, a sublayer's product y and the heads' outputs (D, B), qkv
     (3 D, B), hidden (F, B), logits (V, B), and the scores of one query against the
-    cache (N,)."""
+    cache (N,); q, k, v are views of qkv's three parts as the RNN takes them,
+    (B, H, d_head)."""
 
     x: np.ndarray
     h: np.ndarray
@@ -92,6 +80,9 @@ class Buffers(NamedTuple):
     hidden: np.ndarray
     logits: np.ndarray
     scores: np.ndarray
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
 
 
 class SoftmaxCache(NamedTuple):
@@ -120,13 +111,13 @@ def prepare(params, cfg, n_positions):
         blocks.append(Block(
             c(p["ln1_g"]), c(p["ln1_b"]),
             t(np.concatenate([p["wq"], p["wk"], p["wv"]], axis=1)),     # (3 D, D)
-            c(np.concatenate([p["bq"], p["bk"], p["bv"]])),
+            c(np.concatenate([p["bq"], p["bk"], p["bv"]])[:, None]),
             t(p["wo"]), c(p["bo"]), c(p["ln2_g"]), c(p["ln2_b"]),
             t(p["w1"]), c(p["b1"]), t(p["w2"]), c(p["b2"])))
     out_norms = [(blk.ln1_g, blk.ln1_b) for blk in blocks[1:]]
     out_norms.append((c(params["lnf_g"]), c(params["lnf_b"])))
     return Weights(t(params["tok_emb"]), c(positions), tuple(blocks), tuple(out_norms),
-                   t(params["w_out"]), c(params["b_out"]))
+                   t(params["w_out"]), c(params["b_out"][:, None]))
 
 
 def buffers(cfg, b, n_positions):
@@ -136,8 +127,10 @@ def buffers(cfg, b, n_positions):
     def empty(*shape):
         return np.empty(shape, dtype=cfg.dtype)
 
-    return Buffers(empty(d, b), empty(d, b), empty(d, b), empty(3 * d, b), empty(d, b),
-                   empty(cfg.d_mlp, b), empty(cfg.vocab_size, b), empty(n_positions))
+    qkv = empty(3 * d, b)
+    q, k, v = (qkv[i * d:(i + 1) * d].T.reshape(b, cfg.n_heads, cfg.d_head) for i in range(3))
+    return Buffers(empty(d, b), empty(d, b), empty(d, b), qkv, empty(d, b),
+                   empty(cfg.d_mlp, b), empty(cfg.vocab_size, b), empty(n_positions), q, k, v)
 
 
 def memories(cfg, b, n_positions):
@@ -166,7 +159,7 @@ def token_logits(weights, buf, memories, cfg, tokens, t):
     plus O(L B d_model d_head) (linear) or O(L B t d_model) (softmax) for the attention.
     """
     from ..numba_cpu import decode as kernels          # numba is imported on first use
-    b, d, n_heads = buf.x.shape[1], cfg.d_model, cfg.n_heads
+    b, d = buf.x.shape[1], cfg.d_model
     relu, scale = cfg.activation == "relu", buf.x.dtype.type(cfg.d_head ** -0.5)
     first = weights.blocks[0]
     np.take(weights.tok_emb_t, tokens, axis=1, out=buf.y)
@@ -174,11 +167,9 @@ def token_logits(weights, buf, memories, cfg, tokens, t):
     kernels.add_norm(buf.x, buf.y, weights.positions[t], first.ln1_g, first.ln1_b, buf.h)
     for blk, (out_g, out_b), memory in zip(weights.blocks, weights.out_norms, memories):
         np.matmul(blk.w_qkv, buf.h, out=buf.qkv)
-        np.add(buf.qkv, blk.b_qkv[:, None], out=buf.qkv)          # q | k | v, (3 D, B)
+        np.add(buf.qkv, blk.b_qkv, out=buf.qkv)         # q | k | v, (3 D, B)
         if cfg.attention == "linear":                   # the RNN, Eq. (16)-(20)
-            q, k, v = (buf.qkv[i * d:(i + 1) * d].T.reshape(b, n_heads, -1)
-                       for i in range(3))                          # (B, H, d_head) views
-            heads = memory.step(q, k, v).reshape(b, d).T           # (D, B)
+            heads = memory.step(buf.q, buf.k, buf.v).reshape(b, d).T     # (D, B)
         else:                                           # the new query against the cache
             kernels.cache_attend(buf.qkv, t, memory.keys_t, memory.values, scale,
                                  buf.scores, buf.heads)
@@ -190,5 +181,5 @@ def token_logits(weights, buf, memories, cfg, tokens, t):
         np.matmul(blk.w_2, buf.hidden, out=buf.y)
         kernels.add_norm(buf.x, buf.y, blk.b_2, out_g, out_b, buf.h)
     np.matmul(weights.w_out, buf.h, out=buf.logits)
-    np.add(buf.logits, weights.b_out[:, None], out=buf.logits)
+    np.add(buf.logits, weights.b_out, out=buf.logits)
     return buf.logits.T

@@ -2,8 +2,8 @@
 arXiv:2006.16236.
 
 - ``"recurrent"`` (linear models): the transformer as an RNN. Each layer and head carries
-  its state (S, z) of the RNN, Eq. (16)-(20); a new token costs one ``linear_attention_step`` per
-  layer, O(d_model^2 + d_model d_head) time and constant memory, whatever its position.
+  its state (S, z) of the RNN, Eq. (16)-(20); a new token costs one RNN step per layer,
+  O(d_model^2 + d_model d_head) time and constant memory, whatever its position.
 - ``"cache"`` (softmax models): keys and values of earlier positions are kept, and the new
   query attends to them: O(t d_model) time and memory at position t.
 - ``"recompute"`` (any attention): the whole prefix goes through ``transformer.forward``
@@ -14,6 +14,13 @@ arXiv:2006.16236.
   earlier positions (and the next layer's keys built from them) can change. Recomputing the
   prefix is the one exact way; it costs O(t (d_model^2 + n_hashes C d_model)) plus the
   hashing at position t.
+
+``step`` computes one token of the first two with the NumPy layers and the library's
+public attention (``linear_attention_step``, ``softmax_attention``): the reference.
+``generate`` runs them through ``model.decode``, the same arithmetic organised for speed
+(weights prepared once, buffers reused, one ``linattn.Recurrence`` per layer, compiled
+element work): tests/test_model_generate.py holds it to ``step``, logits within rounding
+in float64 and the same tokens, greedy or sampled.
 """
 from typing import NamedTuple
 
