@@ -65,8 +65,10 @@ class Recurrence:
         self.compensated = _checks.check_flag("compensated", compensated)
         self._phi = get_feature_map(feature_map)
         xp = _checks.backend_array_module(backend)
-        self._kernel, self.backend = dispatch.kernel("step", "auto", backend, xp)
-        self._fused = dispatch.fuses(self._kernel, self._phi)
+        kernel, self.backend = dispatch.kernel("step", "auto", backend, xp)
+        self._fused = dispatch.fuses(kernel, self._phi)
+        self._step_into = (kernel.step_into_compensated if self.compensated
+                           else kernel.step_into)     # (phi_q, phi_k, v, *state, out, eps)
         f = self._phi.forward(xp.zeros((1, d), dtype=dtype)).shape[-1]
         self.lead_shape, self.d, self.m, self.feature_width, self.dtype = lead, d, m, f, dtype
         self._xp, self._eps = xp, dtype.type(eps)         # eps in the state's dtype
@@ -101,10 +103,10 @@ class Recurrence:
                                                           self._v_shape, self.dtype, self._xp)
         out = self._xp.empty(self._v_shape, self.dtype)
         if self._fused:                  # raw q_t and k_t: the kernel applies elu+1
-            self._kernel.step_into(q_t, k_t, v_t, self._state, out, self._eps, True)
+            self._step_into(q_t, k_t, v_t, *self._state, out, self._eps, True)
         else:
-            self._kernel.step_into(self._phi.forward(q_t), self._phi.forward(k_t), v_t,
-                                   self._state, out, self._eps)
+            self._step_into(self._phi.forward(q_t), self._phi.forward(k_t), v_t,
+                            *self._state, out, self._eps)
         return out
 
     @property
