@@ -55,10 +55,21 @@ def _rows(x, rows):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _count_rows(s, z, v):
-    """The leading axes' size, counted through a non-empty width (F or M may be 0)."""
+def _as_rows(q, k, v, s, z, out):
+    """The arrays with their leading axes flattened into R rows, counted through a non-empty
+    width (F or M may be 0): q, k (R, F or D), v, out (R, M), s (R, F, M), z (R, F)."""
     f_width, m_width = s.shape[-2], s.shape[-1]
-    return v.size // m_width if m_width else (z.size // f_width if f_width else 0)
+    rows = v.size // m_width if m_width else (z.size // f_width if f_width else 0)
+    return (_rows(q, rows), _rows(k, rows), _rows(v, rows), s.reshape(rows, f_width, m_width),
+            z.reshape(rows, f_width), out.reshape(rows, m_width))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _scratch(s):
+    """Scratch rows in s's dtype: phi(q) and phi(k) (F,), the numerator phi(q)^T S (M,)."""
+    f_width, m_width = s.shape[-2], s.shape[-1]
+    return (np.empty(f_width, dtype=s.dtype), np.empty(f_width, dtype=s.dtype),
+            np.empty(m_width, dtype=s.dtype))
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -95,12 +106,9 @@ def step_into(q, k, v, s, z, out, eps, elu=False):
     its scalar version, four times slower. Cost: O(F M) time per leading index, one pass
     over S, no allocation beyond three rows of scratch.
     """
-    f_width, m_width = s.shape[-2], s.shape[-1]
-    rows = _count_rows(s, z, v)
-    q2, k2, v2, out2 = _rows(q, rows), _rows(k, rows), _rows(v, rows), out.reshape(rows, m_width)
-    s3, z2 = s.reshape(rows, f_width, m_width), z.reshape(rows, f_width)
-    phi_q, phi_k = np.empty(f_width, dtype=s.dtype), np.empty(f_width, dtype=s.dtype)
-    num = np.empty(m_width, dtype=s.dtype)
+    q2, k2, v2, s3, z2, out2 = _as_rows(q, k, v, s, z, out)
+    rows, f_width, m_width = s3.shape
+    phi_q, phi_k, num = _scratch(s)
     for r in range(rows):
         _features(q2[r], k2[r], elu, phi_q, phi_k)
         v_r = v2[r]
@@ -134,13 +142,10 @@ def step_into_compensated(q, k, v, s, z, s_c, z_c, out, eps, elu=False):
     updated in place): each addition as ``forms.recurrent.kahan_add_``, in the same order,
     so that the state equals NumPy's bit for bit. The readout uses the sums s, z as they
     are. Cost: O(F M) time per leading index, one pass over S and S_c."""
-    f_width, m_width = s.shape[-2], s.shape[-1]
-    rows = _count_rows(s, z, v)
-    q2, k2, v2, out2 = _rows(q, rows), _rows(k, rows), _rows(v, rows), out.reshape(rows, m_width)
-    s3, c3 = s.reshape(rows, f_width, m_width), s_c.reshape(rows, f_width, m_width)
-    z2, zc2 = z.reshape(rows, f_width), z_c.reshape(rows, f_width)
-    phi_q, phi_k = np.empty(f_width, dtype=s.dtype), np.empty(f_width, dtype=s.dtype)
-    num = np.empty(m_width, dtype=s.dtype)
+    q2, k2, v2, s3, z2, out2 = _as_rows(q, k, v, s, z, out)
+    rows, f_width, m_width = s3.shape
+    c3, zc2 = s_c.reshape(s3.shape), z_c.reshape(z2.shape)     # the compensation, as s, z
+    phi_q, phi_k, num = _scratch(s)
     for r in range(rows):
         _features(q2[r], k2[r], elu, phi_q, phi_k)
         v_r = v2[r]
