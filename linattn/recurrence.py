@@ -39,23 +39,35 @@ class Recurrence:
         compiled call a step, elu+1 included.
     compensated : bool
         Add by Kahan's compensated summation: the state carries, beside S and z, the rounding
-        error each has lost so far (a ``CompensatedState``), and stays within a few units of
-        the dtype's rounding of the exact sums however many steps are taken. Notebook 09
-        measures it against float64, and its cost.
+        error each has lost so far (a ``CompensatedState``), and its error relative to the
+        exact sums stays at a few units of the dtype's rounding however many steps are
+        taken, where a plain float32 sum drifts like u sqrt(N). Notebook 09 measures it
+        against float64, and what it costs.
 
     Attributes
     ----------
     lead_shape, d, m, feature_width (F), dtype, compensated
-        As given (F as found).
+        As given (F as found); read them, do not set them.
     backend : str
         The backend "auto" resolved to.
 
-    Raises TypeError or ValueError for bad sizes, dtypes and names; ImportError or
-    RuntimeError for backend="cupy" without CuPy or a GPU.
+    Raises
+    ------
+    TypeError, ValueError
+        Bad sizes, dtype, eps or names.
+    ImportError, RuntimeError
+        backend="cupy" without CuPy, or without a GPU.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rnn = Recurrence((8,), 64, 64)                      # 8 heads, D = M = 64, float32
+    >>> q_t = k_t = v_t = np.ones((8, 64), np.float32)      # one token's projections
+    >>> rnn.step(q_t, k_t, v_t).shape
+    (8, 64)
 
     Cost: O(lead F M) memory for the state (twice that when compensated), O(F M) time per
-    step and leading index. Examples: ``rnn = Recurrence((8,), 64, 64)``, then
-    ``out_t = rnn.step(q_t, k_t, v_t)`` with q_t, k_t of shape (8, 64) for each token.
+    step and leading index.
     """
 
     def __init__(self, lead_shape, d, m, *, feature_map="elu+1", eps=1e-6, dtype="float32",
