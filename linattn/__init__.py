@@ -1,17 +1,20 @@
 """linattn: Transformers are RNNs (Katharopoulos et al., 2020, arXiv:2006.16236) in NumPy.
 
 Softmax attention and linear attention in its quadratic, linear, chunked and recurrent
-forms, and Reformer (LSH) attention, each with a hand-written backward pass.
+forms, and Reformer (LSH) attention, each with a hand-written backward pass; the RNN of
+section 3.4 as a step function and as a stateful ``Recurrence``.
 """
 from .feature_maps import EluPlusOne, Favor, ReLU, Taylor
-from .forms.recurrent import State
+from .forms.recurrent import CompensatedState, State
 from .linear import linear_attention, linear_attention_backward, linear_attention_step
+from .recurrence import Recurrence
 from .lsh import lsh_attention, lsh_attention_backward, lsh_attention_mask
 from .softmax import softmax_attention, softmax_attention_backward
 
 __all__ = [
     "softmax_attention", "softmax_attention_backward",
     "linear_attention", "linear_attention_backward", "linear_attention_step", "State",
+    "Recurrence", "CompensatedState",
     "lsh_attention", "lsh_attention_backward", "lsh_attention_mask",
     "EluPlusOne", "ReLU", "Taylor", "Favor",
 ]

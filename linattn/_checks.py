@@ -151,22 +151,37 @@ def _shapes(steps):
     return ", ".join(f"{n}{a.shape}" for n, a in zip(("q_t", "k_t", "v_t"), steps))
 
 
-def check_state(state, s_shape, dtype, xp):
+def check_state(state, s_shape, dtype, xp, compensated=False):
     """The RNN ``state`` as (S, z) checked against S (..., F, M) = ``s_shape`` and z (..., F),
-    cast to ``dtype``; None stays None (the caller starts from zeros, Eq. 16-17)."""
+    cast to ``dtype``; None stays None (the caller starts from zeros, Eq. 16-17). With
+    ``compensated`` the state is (S, z, S_c, z_c), a ``CompensatedState``: S_c like S, z_c
+    like z. A plain state given to a compensated step, or the reverse, is a TypeError."""
     if state is None:
         return None
-    expected = f"State(S {s_shape}, z {s_shape[:-1]})"
-    if not (isinstance(state, tuple) and len(state) == 2):
-        raise TypeError(f"state must be None or {expected}, got {type(state).__name__}")
-    s, z = (as_float_array(n, a) for n, a in zip(("state.S", "state.z"), state))
-    if array_module(s) is not xp or array_module(z) is not xp:
+    names = ("S", "z", "S_c", "z_c") if compensated else ("S", "z")
+    shapes = (s_shape, s_shape[:-1]) * (len(names) // 2)
+    kind = "CompensatedState" if compensated else "State"
+    expected = f"{kind}({', '.join(f'{n} {sh}' for n, sh in zip(names, shapes))})"
+    if not (isinstance(state, tuple) and len(state) == len(names)):
+        hint = ""
+        if isinstance(state, tuple) and len(state) == 4:
+            hint = ("; a CompensatedState (4 arrays) carries Kahan's compensation: pass "
+                    "compensated=True to continue it")
+        elif isinstance(state, tuple) and len(state) == 2 and compensated:
+            hint = ("; a plain State has no compensation terms: start from None, or from "
+                    "CompensatedState(S, z, zeros_like(S), zeros_like(z))")
+        raise TypeError(f"state must be None or {expected}, got {type(state).__name__}"
+                        f"{f' of {len(state)} arrays' if isinstance(state, tuple) else ''}"
+                        f"{hint}")
+    arrays = [as_float_array(f"state.{n}", a) for n, a in zip(names, state)]
+    if any(array_module(a) is not xp for a in arrays):
         raise TypeError(f"state must hold {xp.__name__} arrays like q_t, k_t and v_t, got "
-                        f"{type(s).__name__} and {type(z).__name__}")
-    if s.shape != s_shape or z.shape != s_shape[:-1]:
+                        f"{', '.join(type(a).__name__ for a in arrays)}")
+    if any(a.shape != shape for a, shape in zip(arrays, shapes)):
+        got = ", ".join(f"{n} {a.shape}" for n, a in zip(names, arrays))
         raise ValueError(f"state must be {expected} for these inputs and feature map, got "
-                         f"S {s.shape}, z {z.shape}")
-    return s.astype(dtype, copy=False), z.astype(dtype, copy=False)
+                         f"{got}")
+    return tuple(a.astype(dtype, copy=False) for a in arrays)
 
 
 def rows(x):
@@ -267,3 +282,66 @@ def check_ctc(logits, input_lengths, labels, label_lengths, blank):
                          f"({blank}), got values in [{counted.min()}, {counted.max()}]"
                          f"{' including the blank' if np.any(counted == blank) else ''}")
     return logits, input_lengths, labels, label_lengths
+
+
+# --- the stateful RNN (linattn.Recurrence) ----------------------------------------------------
+
+def check_flag(name, value):
+    """``value`` as a bool if it is one (Python or NumPy), else a TypeError naming ``name``."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def backend_array_module(backend):
+    """The array module a constructor without arrays works in for ``backend``: cupy for
+    "cupy" when it imports, else numpy (``dispatch.kernel`` then says clearly what "cupy"
+    lacks: CuPy, a GPU)."""
+    if backend == "cupy":
+        try:
+            import cupy
+        except ImportError:
+            return np
+        return cupy
+    return np
+
+
+def check_recurrence(lead_shape, d, m, dtype):
+    """The sizes and dtype of a ``Recurrence``: lead_shape a tuple of integers >= 0 (the batch
+    and head axes, () for one sequence), d >= 1, m >= 0, dtype float32 or float64.
+    Returns (lead_shape as a tuple of ints, d, m, numpy.dtype)."""
+    if not isinstance(lead_shape, (tuple, list)):
+        raise TypeError(f"lead_shape must be a tuple of integers (() for a single sequence), "
+                        f"got {lead_shape!r}")
+    lead = tuple(_count("lead_shape entry", n, 0) for n in lead_shape)
+    d, m = _count("d", d, 1), _count("m", m, 0)
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError as err:
+        raise TypeError(f"dtype must be float32 or float64, got {dtype!r}") from err
+    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise TypeError(f"dtype must be float32 or float64 (the state's dtype; "
+                        f"linear_attention_step computes float16 inputs in float32), got "
+                        f"{dtype}")
+    return lead, d, m, dtype
+
+
+def check_recurrence_step(q_t, k_t, v_t, qk_shape, v_shape, dtype, xp):
+    """One ``Recurrence.step``'s inputs against the shapes and dtype its constructor fixed:
+    q_t, k_t ``qk_shape`` (..., D), v_t ``v_shape`` (..., M), all ``xp`` arrays of ``dtype``.
+    Returns them as plain ``xp.ndarray`` (a subclass is viewed as its base class), or raises
+    a TypeError (array type, dtype) or ValueError (shape) naming what differs."""
+    arrays = []
+    for name, x, shape in (("q_t", q_t, qk_shape), ("k_t", k_t, qk_shape), ("v_t", v_t, v_shape)):
+        if not isinstance(x, xp.ndarray):
+            raise TypeError(f"{name} must be a {xp.__name__}.ndarray (this Recurrence runs on "
+                            f"{xp.__name__} arrays), got {type(x).__module__}."
+                            f"{type(x).__name__}")
+        if x.dtype != dtype:
+            raise TypeError(f"{name} must have dtype {dtype} like this Recurrence's state, got "
+                            f"{x.dtype}; convert it with {name}.astype({dtype.name})")
+        if x.shape != shape:
+            raise ValueError(f"{name} must have shape {shape} (lead_shape + ({shape[-1]},)), "
+                             f"got {x.shape}")
+        arrays.append(xp.asarray(x))
+    return tuple(arrays)

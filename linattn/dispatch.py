@@ -2,7 +2,7 @@
 
 Every public function takes the same path:
 
-    public function (linear.py, softmax.py, lsh.py)
+    public function (linear.py, recurrence.py, softmax.py, lsh.py)
       -> _checks          every argument checked once (shapes, dtypes, names, eps, ...)
       -> dispatch.kernel  (family, method, backend) -> the backend module, "auto" resolved here
       -> backend module   forms/ (NumPy, the oracles) | numba_cpu/ | cuda/
@@ -15,7 +15,12 @@ The families and the functions their modules define (same names on every backend
 - ``"linear"``: ``attend(phi_q, phi_k, v, *, causal, eps, chunk_size=None)`` and
   ``attend_backward(dout, phi_q, phi_k, v, *, ...) -> (dphi_q, dphi_k, dv)``, on positive
   features; methods quadratic, linear, chunked, recurrent.
-- ``"step"``: ``step(phi_q, phi_k, v, state, eps) -> (out, state)``, one RNN step.
+- ``"step"``: ``step(phi_q, phi_k, v, state, eps) -> (out, state)``, one RNN step that
+  returns a new state (``linear_attention_step``); ``step_into(phi_q, phi_k, v, S, z, out,
+  eps)``, the same step updating the C-contiguous S and z in place and writing ``out``
+  (``Recurrence``; eps a scalar of the state's dtype); and ``step_into_compensated(phi_q,
+  phi_k, v, S, z, S_c, z_c, out, eps)``, which adds by Kahan's compensated summation, S_c
+  and z_c the compensation (the fields of a ``CompensatedState``).
 - ``"softmax"``: ``attend(q, k, v, *, causal, scale)`` and ``attend_backward(dout, q, k, v,
   *, causal, scale) -> (dq, dk, dv)``.
 - ``"lsh"``: ``attend(qk, v, *, n_hashes, chunk_size, n_buckets, causal, seed)`` and

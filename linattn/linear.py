@@ -10,7 +10,7 @@ Oracle: ``method="quadratic"``, ``backend="numpy"``.
 """
 from . import _checks, dispatch
 from .feature_maps import get_feature_map
-from .forms.recurrent import State, zero_state
+from .forms.recurrent import CompensatedState, State, zero_state
 
 
 def _options(causal, eps, chunk_size):
@@ -112,46 +112,61 @@ def linear_attention_backward(dout, q, k, v, *, causal=False, feature_map="elu+1
 
 
 def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps=1e-6,
-                          backend="auto"):
+                          backend="auto", compensated=False):
     """One step of causal linear attention as an RNN, Eq. (16)-(20).
 
     S_t = S_{t-1} + phi(k_t) v_t^T, z_t = z_{t-1} + phi(k_t),
     out_t = phi(q_t)^T S_t / (phi(q_t)^T z_t + eps).
-    Scanning it over positions 1..N gives causal ``linear_attention``.
+    Scanning it over positions 1..N gives causal ``linear_attention``. ``Recurrence`` takes
+    the same step with the state kept in place, checked once: the faster way to generate.
 
     Parameters
     ----------
     q_t, k_t : ndarray, shape (..., D)
     v_t : ndarray, shape (..., M)
-    state : State or None
+    state : State, CompensatedState or None
         (S (..., F, M), z (..., F)) after the previous positions; None starts from zeros.
+        With ``compensated``, a CompensatedState (S, z, S_c, z_c) as a compensated step
+        returns it.
     feature_map, eps
         As for ``linear_attention``.
     backend : {"auto", "numpy", "numba", "cupy"}
         "cupy" (and "auto" with CuPy arrays) runs one fused kernel over all sequences at
         once; "numba" (and "auto" when numba imports) one compiled call, elu+1 included;
         "numpy" the NumPy step.
+    compensated : bool
+        Add S and z by Kahan's compensated summation (``forms.recurrent.kahan_add_``): a
+        float32 state then stays within a few units of float32 rounding of the float64 one
+        however many steps are taken (notebook 09 measures it), for a second pass over a
+        state of the same size. The readout uses S and z as they are.
 
     Returns
     -------
     out_t : ndarray, shape (..., M), in the inputs' dtype.
-    state : State
-        The new (S, z), in the compute dtype (float32 for float16 inputs).
+    state : State or CompensatedState
+        The new state, in the compute dtype (float32 for float16 inputs); the one passed in
+        is not modified.
 
     Cost: O(F M) time and memory per step, whatever the position.
     """
     (q_t, k_t, v_t), out_dtype = _checks.check_step(q_t, k_t, v_t)
     eps = _checks.check_eps(eps)
+    compensated = _checks.check_flag("compensated", compensated)
     phi = get_feature_map(feature_map)
     xp = _checks.array_module(q_t)
     kernel, _ = dispatch.kernel("step", "auto", backend, xp)
     fused = dispatch.fuses(kernel, phi)
     phi_q, phi_k = (q_t, k_t) if fused else (phi.forward(q_t), phi.forward(k_t))
     lead, f, m = q_t.shape[:-1], phi_k.shape[-1], v_t.shape[-1]
-    state = _checks.check_state(state, (*lead, f, m), q_t.dtype, xp)
+    state = _checks.check_state(state, (*lead, f, m), q_t.dtype, xp, compensated)
+    elu = dict(elu=True) if fused else {}        # raw q_t and k_t: the kernel applies elu+1
+    if compensated:              # a copy of the state, updated in place: the input is kept
+        state = (zero_state(lead, f, m, q_t.dtype, xp, compensated=True) if state is None
+                 else CompensatedState(*(a.copy() for a in state)))
+        out = xp.empty(v_t.shape, dtype=v_t.dtype)
+        kernel.step_into_compensated(phi_q, phi_k, v_t, *state, out, v_t.dtype.type(eps),
+                                     **elu)
+        return out.astype(out_dtype, copy=False), state
     state = zero_state(lead, f, m, q_t.dtype, xp) if state is None else State(*state)
-    if fused:                    # raw q_t and k_t: the kernel applies elu+1
-        out, state = kernel.step(phi_q, phi_k, v_t, state, eps, elu=True)
-    else:
-        out, state = kernel.step(phi_q, phi_k, v_t, state, eps)
+    out, state = kernel.step(phi_q, phi_k, v_t, state, eps, **elu)
     return out.astype(out_dtype, copy=False), state

@@ -29,6 +29,15 @@ static double warp_values[32][32];
 
 inline void __syncthreads() { block_barrier->arrive_and_wait(); }
 
+// CUDA's explicitly rounded arithmetic: on the CPU each operator rounds once, as long as the
+// compiler does not contract a * b + c into an fma (the tests build with -ffp-contract=off)
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
+
 template <typename T>
 T __shfl_xor_sync(unsigned, T v, int lane_mask)
 {

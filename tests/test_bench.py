@@ -27,14 +27,15 @@ def test_quick_bench_writes_results(tmp_path, capsys):
     assert len(results["head_to_head"]) == 2                 # --quick's rounds, no peers
     for r in results["head_to_head"]:
         assert min(r["ceiling_gflops"], r["forward_s"], r["forward_backward_s"],
-                   r["step_s"]) > 0 and r["pft_step_s"] is None
+                   r["step_s"], r["recurrence_step_s"], r["state_pass_s"]) > 0
+        assert r["pft_step_s"] is None
     threads = results["threads"]             # threadpoolctl is a dev extra: the yardstick ran
     assert all(threads[k] > 0 for k in ("all_s", "one_s", "blas_all_s", "blas_one_s"))
     for name in ("bench_scaling.csv", "bench_generation.csv", "bench_crossover.csv",
                  "bench.txt"):
         assert (tmp_path / name).stat().st_size > 0
     output = capsys.readouterr().out
-    assert "summary" in output
+    assert "summary" in output and "Recurrence.step / floor" in output
     for word in ("target", "goal", " met"):
         assert word not in output
 

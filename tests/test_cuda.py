@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from linattn import (State, linear_attention, linear_attention_backward, linear_attention_step,
-                     softmax_attention, softmax_attention_backward)
+from linattn import (Recurrence, State, linear_attention, linear_attention_backward,
+                     linear_attention_step, softmax_attention, softmax_attention_backward)
 from linattn.cuda import launch
 
 from conftest import FEATURE_MAP_NAMES, assert_gradients_match, random_qkv, relative_error
@@ -114,6 +114,47 @@ def test_scanning_the_step_equals_causal_attention(cp):
         outs.append(out)
     want = linear_attention(q, k, v, causal=True)
     np.testing.assert_allclose(cp.asnumpy(cp.stack(outs, axis=1)), cp.asnumpy(want), rtol=1e-10)
+
+
+@given(n=st.integers(1, 12), d=st.integers(1, 70), m=st.integers(1, 130), lead=leads,
+       fmap=st.sampled_from(FEATURE_MAP_NAMES), compensated=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_recurrence_matches_numpy(cp, n, d, m, lead, fmap, compensated, seed):
+    q, k, v = random_qkv(seed, n, d, m, lead)
+    kw = dict(dtype="float64", feature_map=feature_map(fmap), compensated=compensated)
+    gpu, cpu = Recurrence(lead, d, m, backend="cupy", **kw), Recurrence(lead, d, m, **kw)
+    for i in range(n):
+        out = gpu.step(*on_gpu(cp, q[..., i, :], k[..., i, :], v[..., i, :]))
+        assert isinstance(out, cp.ndarray) and out.shape == (*lead, m)
+        want = cpu.step(q[..., i, :], k[..., i, :], v[..., i, :])
+        np.testing.assert_allclose(cp.asnumpy(out), want, rtol=1e-10, atol=1e-12)
+    for g, w in zip(gpu.state, cpu.state):
+        np.testing.assert_allclose(cp.asnumpy(g), w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compensated_state_equals_numpy_bit_for_bit(cp, dtype):
+    # relu features are exact on both sides, and every rounding of v2 is spelled out
+    q, k, v = (x.astype(dtype) for x in random_qkv(21, 200, 70, 130, (2,)))
+    kw = dict(dtype=dtype, feature_map="relu", compensated=True)
+    gpu, cpu = Recurrence((2,), 70, 130, backend="cupy", **kw), Recurrence((2,), 70, 130, **kw)
+    for i in range(200):
+        gpu.step(*on_gpu(cp, q[:, i], k[:, i], v[:, i]))
+        cpu.step(q[:, i], k[:, i], v[:, i])
+    for g, w in zip(gpu.state, cpu.state):
+        np.testing.assert_array_equal(cp.asnumpy(g), w)
+
+
+def test_recurrence_on_the_gpu_takes_cupy_arrays(cp):
+    rnn = Recurrence((2,), 3, 2, backend="cupy")
+    q = np.ones((2, 3), np.float32)
+    with pytest.raises(TypeError, match="must be a cupy.ndarray"):
+        rnn.step(q, q, np.ones((2, 2), np.float32))
+    out = rnn.step(*on_gpu(cp, q, q, np.ones((2, 2), np.float32)))
+    assert out.dtype == np.float32
+    _, state = linear_attention_step(*on_gpu(cp, q, q, np.ones((2, 2), np.float32)),
+                                     compensated=True)
+    assert all(isinstance(a, cp.ndarray) for a in state) and len(state) == 4
 
 
 @given(n=st.integers(1, 300), d=st.integers(1, 6), m=st.integers(1, 6), lead=leads,

@@ -42,7 +42,7 @@ def libraries(tmp_path_factory):
             real = launch.options(dtype)[-1]                    # -DLINATTN_REAL=...
             path = tmp / f"{source}.{np.dtype(dtype).name}.so"
             done = subprocess.run([GXX, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread",
-                                   "-Wno-unknown-pragmas", real, "-include", str(header),
+                                   "-ffp-contract=off", "-Wno-unknown-pragmas", real, "-include", str(header),
                                    "-x", "c++", str(launch.source_path(source)), "-o", str(path)],
                                   capture_output=True, text=True)
             assert done.returncode == 0, done.stderr
@@ -122,6 +122,42 @@ def test_step_matches_numpy(emulated, f, m):
     np.testing.assert_allclose(got_out, want_out, rtol=1e-10)
     for g, w in zip(got_state, want_state):
         np.testing.assert_allclose(g, w, rtol=1e-12)
+
+
+def random_state(rng, lead, f, m, dtype, compensated):
+    """A state of positive-ish sums (and small compensation terms) to step from."""
+    s, z = rng.standard_normal((*lead, f, m)), np.abs(rng.standard_normal((*lead, f)))
+    arrays = [s, z] + ([1e-9 * rng.standard_normal(s.shape),
+                        1e-9 * rng.standard_normal(z.shape)] if compensated else [])
+    kind = recurrent.CompensatedState if compensated else recurrent.State
+    return kind(*(a.astype(dtype) for a in arrays))
+
+
+@pytest.mark.parametrize("compensated", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("f, m", [(3, 2), (70, 130)])
+def test_step_into_matches_numpy(emulated, f, m, dtype, compensated):
+    # in place, over several steps: the state as NumPy's reference computes it (bit for bit
+    # when compensated: every rounding is spelled out), the outputs to the dtype's rounding
+    rng = np.random.default_rng(f + m)
+    got, want = (random_state(np.random.default_rng(0), (2, 3), f, m, dtype, compensated)
+                 for _ in range(2))
+    for _ in range(3):
+        q, k = (np.abs(rng.standard_normal((2, 3, f))).astype(dtype) for _ in range(2))
+        v = rng.standard_normal((2, 3, m)).astype(dtype)
+        got_out, want_out = np.empty(v.shape, dtype), np.empty(v.shape, dtype)
+        kernel, oracle = ((step.step_into_compensated, recurrent.step_into_compensated)
+                          if compensated else (step.step_into, recurrent.step_into))
+        kernel(q, k, v, *got, got_out, dtype(1e-6))
+        oracle(q, k, v, *want, want_out, dtype(1e-6))
+        rtol = 1e-5 if dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(got_out, want_out, rtol=rtol,
+                                   atol=rtol * np.abs(want_out).max())
+        for g, w in zip(got, want):
+            if compensated:
+                np.testing.assert_array_equal(g, w)
+            else:
+                np.testing.assert_allclose(g, w, rtol=rtol)
 
 
 @pytest.mark.parametrize("causal", [False, True])

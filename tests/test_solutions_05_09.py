@@ -198,3 +198,19 @@ def test_kahan_step_is_the_library_step(helpers, dtype):
         np.testing.assert_allclose(out_kahan, out, rtol=rtol, atol=rtol)
     np.testing.assert_allclose(kahan[0] - kahan[2], state.S, rtol=rtol, atol=rtol)
     np.testing.assert_allclose(kahan[1], state.z, rtol=rtol)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_library_option_is_the_helpers_kahan_step(helpers, dtype):
+    # compensated=True adds by the same operations in the same order, with the same elu+1
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((3, 50, 4, 3)) * 2).astype(dtype)   # (3, N, R, D)
+    rnn = linattn.Recurrence((4,), 3, 3, dtype=dtype, backend="numba", compensated=True)
+    kahan = tuple(np.zeros(shape, dtype) for shape in ((4, 3, 3), (4, 3), (4, 3, 3), (4, 3)))
+    for i in range(50):
+        out = rnn.step(q[i], k[i], v[i])
+        out_kahan, kahan = helpers.kahan_step(q[i], k[i], v[i], kahan)
+        np.testing.assert_array_equal(out, out_kahan)
+    for got, want in zip(rnn.state, kahan):
+        np.testing.assert_array_equal(got, want)

@@ -112,7 +112,9 @@ def threads(cfg):
 def head_to_head(cfg, progress):
     """The summary's ratios measured in ``cfg.rounds`` rounds at ``cfg.compare_n``; each round
     takes in turn: linattn's causal linear attention, forward and forward + backward (best of
-    ``cfg.repeats``), and the median seconds per token of 1024 RNN steps; the forward and
+    ``cfg.repeats``), the median seconds per token of 1024 RNN steps (the functional
+    ``linear_attention_step`` and ``Recurrence.step``) and of 1024 passes over an array the
+    size of the state (``np.add``, the floor of a step); the forward and
     forward + backward of each other case of ``cases.PAIRS`` (best of ``cfg.repeats``); the
     peers' side of every pair and pft's step (one ``peers.py`` subprocess; None without it);
     and the matmul ceiling. A load that comes and goes over seconds to minutes then weighs on
@@ -139,6 +141,8 @@ def head_to_head(cfg, progress):
         row["forward_s"] = row["causal numba forward_s"]          # the headline case
         row["forward_backward_s"] = row["causal numba forward_backward_s"]
         row["step_s"] = float(np.median(cases.step_seconds(*steps)))
+        row["recurrence_step_s"] = float(np.median(cases.recurrence_seconds(*steps)))
+        row["state_pass_s"] = float(np.median(cases.state_pass_seconds(steps[0], steps[2])))
         peer = _peers(cfg, config)[0] or {}
         row["pft_forward_backward_s"] = peer.get("pft causal linear forward_backward_s")
         row["pft_step_s"] = peer.get("step_s")

@@ -12,9 +12,9 @@ import time
 
 import numpy as np
 
-from .. import (linear_attention, linear_attention_backward, linear_attention_step,
-                lsh_attention, lsh_attention_backward, softmax_attention,
-                softmax_attention_backward)
+from .. import (Recurrence, linear_attention, linear_attention_backward,
+                linear_attention_step, lsh_attention, lsh_attention_backward,
+                softmax_attention, softmax_attention_backward)
 from . import timing
 
 
@@ -160,10 +160,43 @@ def step_seconds(q_t, k_t, v_t):
     """Seconds of each ``linear_attention_step`` scanning the tokens from the zero state."""
     per_token, state = np.empty(len(q_t)), None
     for t in range(len(q_t)):
+        token = q_t[t], k_t[t], v_t[t]                  # indexing is not the step's work
         start = time.perf_counter()
-        _, state = linear_attention_step(q_t[t], k_t[t], v_t[t], state)
+        _, state = linear_attention_step(*token, state)
         per_token[t] = time.perf_counter() - start
     return per_token
+
+
+def recurrence_seconds(q_t, k_t, v_t):
+    """Seconds of each ``Recurrence.step`` scanning the tokens from the zero state: the
+    state kept in place, checked once (the first call, which may load the compiled kernel,
+    is left out of the timing by a reset)."""
+    rnn = Recurrence(q_t.shape[1:-1], q_t.shape[-1], v_t.shape[-1], dtype=q_t.dtype)
+    rnn.step(q_t[0], k_t[0], v_t[0])
+    rnn.reset()
+    per_token = np.empty(len(q_t))
+    for t in range(len(q_t)):
+        token = q_t[t], k_t[t], v_t[t]
+        start = time.perf_counter()
+        rnn.step(*token)
+        per_token[t] = time.perf_counter() - start
+    return per_token
+
+
+def state_pass_seconds(q_t, v_t, calls=1024):
+    """Seconds of each of ``calls`` passes that read and write an array the size of the RNN
+    state of these tokens, S (..., F, M) and z (..., F) with F = D, in one call
+    ``np.add(state, 1, out=state)``: the least a step can cost, a floor to compare the step
+    with (it includes one NumPy call's overhead, as the step includes one Python call's)."""
+    lead, d, m = q_t.shape[1:-1], q_t.shape[-1], v_t.shape[-1]
+    state = np.zeros((*lead, d, m + 1), dtype=q_t.dtype)       # S and z side by side
+    np.add(state, 1, out=state)
+    per_call = np.empty(calls)
+    for i in range(calls):
+        start = time.perf_counter()
+        np.add(state, 1, out=state)
+        per_call[i] = time.perf_counter() - start
+    return per_call
 
 
 def generation(cfg, progress):

@@ -93,8 +93,9 @@ def _runners(torch, forward, args, dout):
 
 
 def generation(torch, h, d, m, positions):
-    """Seconds per token of pft's RecurrentLinearAttention step at each position, on one
-    thread like linattn's step: a token's work is too small to share."""
+    """Seconds per token of pft's RecurrentLinearAttention step at each position, batch 1,
+    on one thread like linattn's steps (``Recurrence.step`` and ``linear_attention_step`` run
+    one serial compiled loop): a token's work is too small to share."""
     from fast_transformers.recurrent.attention import RecurrentLinearAttention
     torch.set_num_threads(1)
     step = RecurrentLinearAttention(d)
@@ -104,8 +105,9 @@ def generation(torch, h, d, m, positions):
     per_token, state = np.empty(positions), None
     with torch.no_grad():
         for t in range(positions):
+            token = q[t], k[t], v[t]                   # indexing is not the step's work
             start = time.perf_counter()
-            _, state = step(q[t], k[t], v[t], state=state)
+            _, state = step(*token, state=state)
             per_token[t] = time.perf_counter() - start
     return per_token
 

@@ -74,6 +74,11 @@ def summary(results):
     rows += [
         (f"one step, {cfg['heads']} heads: pft RecurrentLinearAttention / numba",
          _median_ratio(rounds, lambda r: r["pft_step_s"], lambda r: r["step_s"])),
+        (f"one step, {cfg['heads']} heads: pft RecurrentLinearAttention / Recurrence.step",
+         _median_ratio(rounds, lambda r: r["pft_step_s"], lambda r: r.get("recurrence_step_s"))),
+        ("Recurrence.step / one pass over the state (np.add)",
+         _median_ratio(rounds, lambda r: r.get("recurrence_step_s"),
+                       lambda r: r.get("state_pass_s"))),
         (f"step time, last 1024 / first 1024 of {last} tokens",
          _ratio(gen_summary["last_1024_median_s"], gen_summary["first_1024_median_s"])),
         (f"per token at position {last}: softmax kv-cache / rnn step",
@@ -116,6 +121,7 @@ def text(results):
               "us per token)",
               _table(["round", "GFLOP/s", "fwd ms", "fwd+bwd ms", "pft fwd+bwd ms",
                       "step us", "pft step us"], table)]
+    parts += ["", _step_lines(results)]
     pair_rows = []
     for ours, peer in PAIRS:
         cells = [_median(results["head_to_head"], f"{name} {key}")
@@ -149,6 +155,22 @@ def text(results):
         parts += ["", f"loops or blocks: causal fwd+bwd ms at N={cfg['cross_n']}",
                   _table(["heads", "D=M", "case", "ms"], table)]
     return "\n".join(parts) + "\n"
+
+
+def _step_lines(results):
+    """One generated token at batch 1: the medians over the head-to-head rounds of the
+    median microseconds per call of each step, and their ratios."""
+    cfg, rounds = results["config"], results["head_to_head"]
+    ours, pft = _median(rounds, "recurrence_step_s"), _median(rounds, "pft_step_s")
+    floor, functional = _median(rounds, "state_pass_s"), _median(rounds, "step_s")
+    return "\n".join([
+        f"one RNN step, batch 1, {cfg['heads']} heads, D={cfg['dim']} M={cfg['value_dim']} "
+        f"{cfg['dtype']}, one thread each (median us per call):",
+        f"  Recurrence.step {_fmt(ours, 1e6)}, linear_attention_step {_fmt(functional, 1e6)}, "
+        f"pft RecurrentLinearAttention {_fmt(pft, 1e6)}: pft / Recurrence.step = "
+        f"{_fmt(_ratio(pft, ours))}",
+        f"  floor, one np.add(state, 1, out=state) over an array the size of S and z: "
+        f"{_fmt(floor, 1e6)}; Recurrence.step / floor = {_fmt(_ratio(ours, floor))}"])
 
 
 def write(results, out_dir):

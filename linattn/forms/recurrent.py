@@ -1,9 +1,15 @@
 """Linear attention as an RNN, Eq. (16)-(20), section 3.4 of Katharopoulos et al. (2020),
 arXiv:2006.16236: the state (S, z) starts at zero (Eq. 16-17), is updated one position at a
-time (Eq. 18-19) and read out by the attention part of Eq. (20). This is ``method="recurrent"``: a scan of ``step`` over the sequence.
+time (Eq. 18-19) and read out by the attention part of Eq. (20). This is
+``method="recurrent"``: a scan of ``step`` over the sequence.
 
-``linattn.linear_attention_step`` is ``step`` behind the feature map and input checks.
-Oracle: ``quadratic``.
+``linattn.linear_attention_step`` is ``step`` behind the feature map and input checks;
+``linattn.Recurrence`` calls ``step_into``, the same step writing into the state it is given,
+or ``step_into_compensated``, which adds by Kahan's compensated summation (``kahan_add_``;
+the state is then a ``CompensatedState``), so that a float32 state stays within a few units
+of float32 rounding of the float64 one however long the sequence (notebook 09 derives and
+measures it).
+Oracle: ``quadratic``; this module is in turn the oracle of the Numba and CUDA steps.
 """
 from typing import NamedTuple
 
@@ -26,9 +32,31 @@ class State(NamedTuple):
     z: object
 
 
-def zero_state(lead, f, m, dtype, xp):
-    """The empty memory s_0 = 0, z_0 = 0 of Eq. (16)-(17), for leading shape ``lead``."""
-    return State(xp.zeros((*lead, f, m), dtype=dtype), xp.zeros((*lead, f), dtype=dtype))
+class CompensatedState(NamedTuple):
+    """The RNN state with Kahan's compensation terms: S and z as in ``State``, and beside
+    each the rounding error its additions have lost so far, negated (``kahan_add_``). The
+    sums are S and z themselves (read out as they are); S_c and z_c only correct the next
+    additions.
+
+    S : ndarray, shape (..., F, M)
+    z : ndarray, shape (..., F)
+    S_c : ndarray, shape (..., F, M)
+    z_c : ndarray, shape (..., F)
+    """
+
+    S: object
+    z: object
+    S_c: object
+    z_c: object
+
+
+def zero_state(lead, f, m, dtype, xp, compensated=False):
+    """The empty memory s_0 = 0, z_0 = 0 of Eq. (16)-(17), for leading shape ``lead``: a
+    ``State``, or with ``compensated`` a ``CompensatedState`` whose compensation is 0 too."""
+    s, z = xp.zeros((*lead, f, m), dtype=dtype), xp.zeros((*lead, f), dtype=dtype)
+    if compensated:
+        return CompensatedState(s, z, xp.zeros_like(s), xp.zeros_like(z))
+    return State(s, z)
 
 
 def update(state, phi_k, v):
@@ -52,6 +80,61 @@ def step(phi_q, phi_k, v, state, eps):
     """
     state = update(state, phi_k, v)
     return readout(phi_q[..., None, :], state, eps)[..., 0, :], state
+
+
+def kahan_add_(total, lost, term):
+    """total += term in place, by Kahan's compensated summation; ``lost`` (total's shape) is
+    updated in place too.
+
+        y = term - lost          the term, less what the additions before it lost
+        t = total + y            the new sum, rounded
+        lost = (t - total) - y   (t - total) is the part of y that reached t; less y, what
+                                 this rounding lost, negated
+        total = t
+
+    Each operation is one rounded NumPy operation, in this order: the Numba and CUDA
+    kernels do exactly these, so their compensated states equal this one bit for bit.
+    """
+    y = term - lost
+    t = total + y
+    lost[...] = (t - total) - y
+    total[...] = t
+
+
+def step_into(phi_q, phi_k, v, S, z, out, eps):
+    """``step`` in place: S += phi_k v^T and z += phi_k, Eq. (18)-(19), then the readout
+    with phi_q, Eq. (20), written into ``out``.
+
+    Parameters
+    ----------
+    phi_q, phi_k : ndarray, shape (..., F)
+    v : ndarray, shape (..., M)
+    S : ndarray, shape (..., F, M)
+    z : ndarray, shape (..., F)
+        The state, in v's dtype, updated in place.
+    out : ndarray, shape (..., M)
+        Written with phi(q)^T S_i / (phi(q)^T z_i + eps).
+    eps : scalar
+
+    Cost: O(F M) time per leading index; O(F M) temporary memory for the term phi_k v^T.
+    """
+    S += phi_k[..., :, None] * v[..., None, :]               # S_i = S_{i-1} + phi(k_i) v_i^T
+    z += phi_k                                              # z_i = z_{i-1} + phi(k_i)
+    out[...] = readout(phi_q[..., None, :], State(S, z), eps)[..., 0, :]
+
+
+def step_into_compensated(phi_q, phi_k, v, S, z, S_c, z_c, out, eps):
+    """``step_into`` with Kahan's compensated summation: S and z updated in place by
+    ``kahan_add_``, with S_c (S's shape) and z_c (z's shape) their compensation, also updated
+    in place (a ``CompensatedState`` holds the four).
+
+    The readout uses S and z as they are, not S - S_c: the compensation is at most about
+    half a unit in the last place of S, so S - S_c would round back to S (or to a neighbour,
+    at a tie), and the readout's own rounding is larger. Cost: as ``step_into``.
+    """
+    kahan_add_(S, S_c, phi_k[..., :, None] * v[..., None, :])   # S_i, Eq. (18), compensated
+    kahan_add_(z, z_c, phi_k)                                   # z_i, Eq. (19), compensated
+    out[...] = readout(phi_q[..., None, :], State(S, z), eps)[..., 0, :]
 
 
 def _initial(phi_k, v):

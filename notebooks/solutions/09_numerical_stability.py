@@ -12,9 +12,11 @@ far float32 drifts from float64 over 10^6 positions:
 - ``compensated_states``: Kahan's compensated summation, one position after the other
   (compiled, no fastmath: fastmath would let the compiler cancel the compensation).
 
-``kahan_step`` is one compensated RNN step, the counterpart of the library's Numba step
-(``linattn.numba_cpu.step``), to measure what the compensation costs. These live beside the
-notebook, not in the library.
+``kahan_step`` is one compensated RNN step, written from scratch in the layout of the
+library's Numba step (``linattn.numba_cpu.step``). These are the notebook's derivation; the
+library's own option, ``compensated=True`` of ``linattn.Recurrence`` and
+``linattn.linear_attention_step``, adds by the same four operations, and the notebook (and
+tests/test_solutions_05_09.py) check that its state is these helpers' bit for bit.
 
 Exercises: ``stable_softmax`` (1), ``float16_overflow_n`` (2), ``kahan_cumsum`` (3); each
 ``check_exercise_N(fn)`` runs a student's function and says whether it is right.
@@ -125,7 +127,7 @@ def relative_error(got, want):
 
 @njit(cache=True, error_model="numpy")
 def _kahan_step(q, k, v, s, z, cs, cz, eps):
-    """One compensated RNN step, laid out as the library's ``numba_cpu.step._step`` (elu+1,
+    """One compensated RNN step, laid out as the library's ``numba_cpu.step.step_into`` (elu+1,
     Eq. 7, on raw q, k (R, F); v (R, M); s, cs (R, F, M); z, cz (R, F)): Eq. (18)-(19)
     with Kahan's compensation cs, cz, then Eq. (20). Returns new arrays
     (out, s, z, cs, cz); the inputs are not changed."""

@@ -1,0 +1,142 @@
+"""Causal linear attention as a stateful RNN, section 3.4 of Katharopoulos et al. (2020),
+"Transformers are RNNs", arXiv:2006.16236: the object a generation loop holds.
+
+    s_0 = 0, z_0 = 0                                                  Eq. (16)-(17)
+    s_i = s_{i-1} + phi(k_i) v_i^T,  z_i = z_{i-1} + phi(k_i)          Eq. (18)-(19)
+    out_i = phi(q_i)^T s_i / (phi(q_i)^T z_i + eps)                   Eq. (20), attention part
+
+``linattn.linear_attention_step`` computes the same step as a pure function: it checks its
+inputs, picks a kernel and returns a new state on every call. ``Recurrence`` does that work
+once, in its constructor, owns the state and updates it in place, so that a step costs one
+pass over the state plus a few comparisons. The functional step is its reference: scanning
+it gives the same outputs (tests/test_recurrence.py).
+"""
+from . import _checks, dispatch
+from .feature_maps import get_feature_map
+from .forms.recurrent import CompensatedState, State, zero_state
+
+
+class Recurrence:
+    """The RNN of Eq. (16)-(20) for a fixed batch of sequences, stepped one token at a time.
+
+    Parameters
+    ----------
+    lead_shape : tuple of int
+        The leading axes of every input, e.g. (batch, heads); () for a single sequence.
+    d : int
+        D, the width of queries and keys.
+    m : int
+        M, the width of values.
+    feature_map : {"elu+1", "relu", "taylor", "favor"} or object
+        phi, as for ``linear_attention``; its width F is found by applying it to a zero row.
+    eps : float
+        Added to the normaliser phi(q_i)^T z_i.
+    dtype : {"float32", "float64"}
+        The dtype of the inputs, the state and the outputs.
+    backend : {"auto", "numpy", "numba", "cupy"}
+        "auto" is "numba" when numba imports, else "numpy" (a constructor sees no arrays, so
+        it never picks "cupy": ask for it, and pass CuPy arrays to ``step``). "numba" runs one
+        compiled call a step, elu+1 included.
+    compensated : bool
+        Add by Kahan's compensated summation: the state carries, beside S and z, the rounding
+        error each has lost so far (a ``CompensatedState``), and its error relative to the
+        exact sums stays at a few units of the dtype's rounding however many steps are
+        taken, where a plain float32 sum drifts like u sqrt(N). Notebook 09 measures it
+        against float64, and what it costs.
+
+    Attributes
+    ----------
+    lead_shape, d, m, feature_width (F), dtype, compensated
+        As given (F as found); read them, do not set them.
+    backend : str
+        The backend "auto" resolved to.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad sizes, dtype, eps or names.
+    ImportError, RuntimeError
+        backend="cupy" without CuPy, or without a GPU.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rnn = Recurrence((8,), 64, 64)                      # 8 heads, D = M = 64, float32
+    >>> q_t = k_t = v_t = np.ones((8, 64), np.float32)      # one token's projections
+    >>> rnn.step(q_t, k_t, v_t).shape
+    (8, 64)
+
+    Cost: O(lead F M) memory for the state (twice that when compensated), O(F M) time per
+    step and leading index.
+    """
+
+    def __init__(self, lead_shape, d, m, *, feature_map="elu+1", eps=1e-6, dtype="float32",
+                 backend="auto", compensated=False):
+        lead, d, m, dtype = _checks.check_recurrence(lead_shape, d, m, dtype)
+        eps = _checks.check_eps(eps)
+        self.compensated = _checks.check_flag("compensated", compensated)
+        self._phi = get_feature_map(feature_map)
+        xp = _checks.backend_array_module(backend)
+        kernel, self.backend = dispatch.kernel("step", "auto", backend, xp)
+        self._fused = dispatch.fuses(kernel, self._phi)
+        self._step_into = (kernel.step_into_compensated if self.compensated
+                           else kernel.step_into)     # (phi_q, phi_k, v, *state, out, eps)
+        f = self._phi.forward(xp.zeros((1, d), dtype=dtype)).shape[-1]
+        self.lead_shape, self.d, self.m, self.feature_width, self.dtype = lead, d, m, f, dtype
+        self._xp, self._eps = xp, dtype.type(eps)         # eps in the state's dtype
+        self._qk_shape, self._v_shape = (*lead, d), (*lead, m)
+        self._state = zero_state(lead, f, m, dtype, xp, self.compensated)
+
+    def step(self, q_t, k_t, v_t):
+        """One token: update the state in place, Eq. (18)-(19), and read it out, Eq. (20).
+
+        Parameters
+        ----------
+        q_t, k_t : ndarray, shape (*lead_shape, D)
+        v_t : ndarray, shape (*lead_shape, M)
+            Arrays of the constructor's dtype and array module; any strides.
+
+        Returns
+        -------
+        out_t : ndarray, shape (*lead_shape, M)
+            A new array: phi(q_t)^T S_t / (phi(q_t)^T z_t + eps).
+
+        Raises TypeError (array type, dtype) or ValueError (shape) before the state is
+        touched. Cost: O(F M) per leading index, one pass over the state (two, compensated).
+        """
+        if (type(q_t) is not self._xp.ndarray or type(k_t) is not self._xp.ndarray
+                or type(v_t) is not self._xp.ndarray or q_t.dtype is not self.dtype
+                or k_t.dtype is not self.dtype or v_t.dtype is not self.dtype
+                or q_t.shape != self._qk_shape or k_t.shape != self._qk_shape
+                or v_t.shape != self._v_shape):
+            # the few comparisons above are all a step checks; this names what differs, or
+            # lets through what only looked different (an equal dtype object, a subclass)
+            q_t, k_t, v_t = _checks.check_recurrence_step(q_t, k_t, v_t, self._qk_shape,
+                                                          self._v_shape, self.dtype, self._xp)
+        out = self._xp.empty(self._v_shape, self.dtype)
+        if self._fused:                  # raw q_t and k_t: the kernel applies elu+1
+            self._step_into(q_t, k_t, v_t, *self._state, out, self._eps, True)
+        else:
+            self._step_into(self._phi.forward(q_t), self._phi.forward(k_t), v_t,
+                            *self._state, out, self._eps)
+        return out
+
+    @property
+    def state(self):
+        """A copy of the state: ``State(S, z)``, or ``CompensatedState(S, z, S_c, z_c)`` when
+        compensated; S (*lead_shape, F, M), z (*lead_shape, F). A snapshot: later steps do
+        not change it, and changing it does not change the Recurrence. Passing it to
+        ``linear_attention_step`` (with the same ``compensated``) continues the sequence."""
+        kind = CompensatedState if self.compensated else State
+        return kind(*(a.copy() for a in self._state))
+
+    def reset(self):
+        """Zero the state (and its compensation), Eq. (16)-(17): a new sequence starts."""
+        for a in self._state:
+            a.fill(0)
+
+    def __repr__(self):
+        return (f"Recurrence(lead_shape={self.lead_shape}, d={self.d}, m={self.m}, "
+                f"feature_map={self._phi!r} (F={self.feature_width}), dtype={self.dtype}, "
+                f"backend={self.backend!r}, compensated={self.compensated})")
+
