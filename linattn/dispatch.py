@@ -16,10 +16,11 @@ The families and the functions their modules define (same names on every backend
   ``attend_backward(dout, phi_q, phi_k, v, *, ...) -> (dphi_q, dphi_k, dv)``, on positive
   features; methods quadratic, linear, chunked, recurrent.
 - ``"step"``: ``step(phi_q, phi_k, v, state, eps) -> (out, state)``, one RNN step that
-  returns a new state (``linear_attention_step``), and ``step_into(phi_q, phi_k, v, state,
-  out, eps)``, the same step updating the C-contiguous arrays of ``state`` in place and
-  writing ``out`` (``Recurrence``); there ``state`` is a ``State`` or a ``CompensatedState``
-  (Kahan's compensated sums) and eps a scalar of the state's dtype.
+  returns a new state (``linear_attention_step``); ``step_into(phi_q, phi_k, v, S, z, out,
+  eps)``, the same step updating the C-contiguous S and z in place and writing ``out``
+  (``Recurrence``; eps a scalar of the state's dtype); and ``step_into_compensated(phi_q,
+  phi_k, v, S, z, S_c, z_c, out, eps)``, which adds by Kahan's compensated summation, S_c
+  and z_c the compensation (the fields of a ``CompensatedState``).
 - ``"softmax"``: ``attend(q, k, v, *, causal, scale)`` and ``attend_backward(dout, q, k, v,
   *, causal, scale) -> (dq, dk, dv)``.
 - ``"lsh"``: ``attend(qk, v, *, n_hashes, chunk_size, n_buckets, causal, seed)`` and

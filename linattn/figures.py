@@ -15,6 +15,7 @@ the machine and the date, and ``read_csv`` reads it back. Row schemas (every row
 ``time_per_token``        position (>= 1, tokens in the context), seconds_per_token
 ``copy_task_loss``        step (>= 1), train_loss, eval_loss (either may be missing)
 ``speech_per``            epoch (>= 1), valid_per, epoch_s
+``generation_speed``      batch, images_per_s, seconds_per_image, measured (a bar chart)
 ========================  ==========================================================
 
 Rows with equal name and x are repeats (seeds, runs): a curve shows their median, and a band
@@ -48,6 +49,8 @@ MEMORY_COLUMNS = ("name", "n", "peak_bytes")
 TOKEN_COLUMNS = ("name", "position", "seconds_per_token")
 COPY_COLUMNS = ("name", "step", "train_loss", "eval_loss")
 SPEECH_COLUMNS = ("name", "epoch", "valid_per", "epoch_s")
+GENERATION_COLUMNS = ("name", "batch", "images_per_s", "seconds_per_image", "measured",
+                      "library")
 
 DPI = 120
 MARKERS = "os^Dvp*hx"
@@ -57,7 +60,8 @@ LABELS = {"seconds_fwd": "forward", "seconds_fwdbwd": "forward + backward",
           "seconds_per_token": "one generation step",
           "train_loss": "training batch (before its step)",
           "eval_loss": "held-out batches", "valid_per": "validation phoneme error rate",
-          "epoch_s": "training seconds per epoch"}
+          "epoch_s": "training seconds per epoch", "images_per_s": "images per second",
+          "seconds_per_image": "seconds per image"}
 
 
 # ---- CSV: the raw numbers beside each PNG ---------------------------------------------------
@@ -237,6 +241,12 @@ def _figure(rows, path, x, columns, schema, xlabel, ylabel, title, scale=1.0, lo
         ax.set_title(title)                 # one panel: the title replaces the column's name
     elif title:
         fig.suptitle(title)
+    return _save(fig, rows, path, schema, caption)
+
+
+def _save(fig, rows, path, schema, caption):
+    """Put ``caption`` (the machine) under the panels, wrapped to the figure's width, and
+    write path.png and path.csv (the rows, the caption in its header)."""
     if caption:                           # wrapped to the figure's width, about 17 chars an inch
         width = int(17 * fig.get_figwidth())
         fig.supxlabel("\n".join(textwrap.fill(line, width) for line in caption.split("\n")),
@@ -307,6 +317,49 @@ def speech_per(rows, path, title=None, caption=None):
     ``linattn.measure.speech_rows``."""
     return _figure(rows, path, "epoch", ("valid_per", "epoch_s"), SPEECH_COLUMNS, "epoch",
                    "", title, loglog=False, caption=caption)
+
+
+def generation_speed(rows, path, title=None, caption=None):
+    """Images per second and seconds per image of each generation form, one group of bars
+    per batch size, log y: the measured form of Tables 1, 4 and 5 of the paper. Rows:
+    GENERATION_COLUMNS, from ``linattn.model.speed.speed_table``; rows whose ``library`` is
+    not linattn (the peers) are hatched ``//`` with a dashed edge, and estimated rows
+    (``measured`` false) are pale and marked "est." over their bar."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    _check_rows(rows, "batch", GENERATION_COLUMNS, loglog=False)
+    names = list(dict.fromkeys(str(row["name"]) for row in rows))
+    batches = sorted({int(row["batch"]) for row in rows})
+    width = 0.8 / len(names)
+    fig = Figure(figsize=(11.2, 4.6 + 0.17 * len(names)), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    for ax, key in zip(fig.subplots(1, 2), ("images_per_s", "seconds_per_image")):
+        for i, name in enumerate(names):
+            label = name                                      # on the curve's first bar only
+            for row in (r for r in rows if str(r["name"]) == name):
+                value = _value(row, key)
+                if value is None:
+                    continue
+                estimated = row.get("measured") in (False, "False", 0)
+                peer = row.get("library") not in (None, "", "linattn")
+                x = batches.index(int(row["batch"])) + (i - (len(names) - 1) / 2) * width
+                ax.bar(x, value, width, color=f"C{i % 10}", alpha=0.45 if estimated else 0.9,
+                       hatch="//" if peer else None, edgecolor="0.2",
+                       linestyle="--" if peer else "-", label=label)
+                label = None
+                ax.annotate(f"{value:.3g}" + (" est." if estimated else ""), (x, value),
+                            ha="center", va="bottom", fontsize=6, rotation=90,
+                            xytext=(0, 2), textcoords="offset points")
+        ax.set_yscale("log")
+        ax.margins(y=0.25)
+        ax.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
+        ax.set(ylabel=LABELS[key], title=LABELS[key])
+        ax.grid(True, axis="y", which="major", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, rows, path, GENERATION_COLUMNS, caption)
 
 
 # ---- the figures of ``python -m linattn.figures`` -----------------------------------------
@@ -382,10 +435,32 @@ def _speech(out, quick, caption, peer_python):
                         caption=caption), out / "speech_table.csv")
 
 
+def _generation(out, quick, caption, peer_python):
+    """Generating images at the paper's MNIST shape (``model.speed.speed_table``): each form
+    at batch 1 and 16, pft's RNN too when ``peer_python`` is given. Quick: a tiny model,
+    N = 16, no peers."""
+    from .model import speed
+    if quick:
+        rows, meta = speed.speed_table(batches=(1, 2), rounds=1, n=16, shape=dict(
+            vocab_size=8, d_model=16, n_layers=2, n_heads=2, d_mlp=32))
+    else:
+        rows, meta = speed.speed_table(batches=(1, 16), rounds=3, peer_python=peer_python)
+    return generation_figure(rows, meta, out)
+
+
+def generation_figure(rows, meta, out):
+    """``generation_speed`` of ``speed_table``'s rows, captioned with its ``meta``."""
+    caption = (f"measured on {meta['machine']}; {meta['threads']}; peers: {meta['peers']}\n"
+               f"medians over {meta['rounds']} rounds; pale bars marked est.: estimated from "
+               f"single tokens timed at a few prefix lengths")
+    return generation_speed(rows, pathlib.Path(out) / "generation_speed", caption=caption,
+                            title=f"Generating images: {meta['model']}, {meta['dtype']}")
+
+
 # The figures ``main`` regenerates: (name, function(out_dir, quick, caption, peer_python)).
 FIGURES = [("time_vs_n, memory_vs_n, time_per_token", _benchmark),
            ("feature_map_error", _feature_maps), ("copy_task_loss", _copy_task),
-           ("speech_per, speech_table", _speech)]
+           ("speech_per, speech_table", _speech), ("generation_speed", _generation)]
 
 
 def main(argv=None):

@@ -164,7 +164,8 @@ def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps
         state = (zero_state(lead, f, m, q_t.dtype, xp, compensated=True) if state is None
                  else CompensatedState(*(a.copy() for a in state)))
         out = xp.empty(v_t.shape, dtype=v_t.dtype)
-        kernel.step_into(phi_q, phi_k, v_t, state, out, v_t.dtype.type(eps), **elu)
+        kernel.step_into_compensated(phi_q, phi_k, v_t, *state, out, v_t.dtype.type(eps),
+                                     **elu)
         return out.astype(out_dtype, copy=False), state
     state = zero_state(lead, f, m, q_t.dtype, xp) if state is None else State(*state)
     out, state = kernel.step(phi_q, phi_k, v_t, state, eps, **elu)

@@ -39,23 +39,35 @@ class Recurrence:
         compiled call a step, elu+1 included.
     compensated : bool
         Add by Kahan's compensated summation: the state carries, beside S and z, the rounding
-        error each has lost so far (a ``CompensatedState``), and stays within a few units of
-        the dtype's rounding of the exact sums however many steps are taken. Notebook 09
-        measures it against float64, and its cost.
+        error each has lost so far (a ``CompensatedState``), and its error relative to the
+        exact sums stays at a few units of the dtype's rounding however many steps are
+        taken, where a plain float32 sum drifts like u sqrt(N). Notebook 09 measures it
+        against float64, and what it costs.
 
     Attributes
     ----------
     lead_shape, d, m, feature_width (F), dtype, compensated
-        As given (F as found).
+        As given (F as found); read them, do not set them.
     backend : str
         The backend "auto" resolved to.
 
-    Raises TypeError or ValueError for bad sizes, dtypes and names; ImportError or
-    RuntimeError for backend="cupy" without CuPy or a GPU.
+    Raises
+    ------
+    TypeError, ValueError
+        Bad sizes, dtype, eps or names.
+    ImportError, RuntimeError
+        backend="cupy" without CuPy, or without a GPU.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rnn = Recurrence((8,), 64, 64)                      # 8 heads, D = M = 64, float32
+    >>> q_t = k_t = v_t = np.ones((8, 64), np.float32)      # one token's projections
+    >>> rnn.step(q_t, k_t, v_t).shape
+    (8, 64)
 
     Cost: O(lead F M) memory for the state (twice that when compensated), O(F M) time per
-    step and leading index. Examples: ``rnn = Recurrence((8,), 64, 64)``, then
-    ``out_t = rnn.step(q_t, k_t, v_t)`` with q_t, k_t of shape (8, 64) for each token.
+    step and leading index.
     """
 
     def __init__(self, lead_shape, d, m, *, feature_map="elu+1", eps=1e-6, dtype="float32",
@@ -65,8 +77,10 @@ class Recurrence:
         self.compensated = _checks.check_flag("compensated", compensated)
         self._phi = get_feature_map(feature_map)
         xp = _checks.backend_array_module(backend)
-        self._kernel, self.backend = dispatch.kernel("step", "auto", backend, xp)
-        self._fused = dispatch.fuses(self._kernel, self._phi)
+        kernel, self.backend = dispatch.kernel("step", "auto", backend, xp)
+        self._fused = dispatch.fuses(kernel, self._phi)
+        self._step_into = (kernel.step_into_compensated if self.compensated
+                           else kernel.step_into)     # (phi_q, phi_k, v, *state, out, eps)
         f = self._phi.forward(xp.zeros((1, d), dtype=dtype)).shape[-1]
         self.lead_shape, self.d, self.m, self.feature_width, self.dtype = lead, d, m, f, dtype
         self._xp, self._eps = xp, dtype.type(eps)         # eps in the state's dtype
@@ -101,10 +115,10 @@ class Recurrence:
                                                           self._v_shape, self.dtype, self._xp)
         out = self._xp.empty(self._v_shape, self.dtype)
         if self._fused:                  # raw q_t and k_t: the kernel applies elu+1
-            self._kernel.step_into(q_t, k_t, v_t, self._state, out, self._eps, True)
+            self._step_into(q_t, k_t, v_t, *self._state, out, self._eps, True)
         else:
-            self._kernel.step_into(self._phi.forward(q_t), self._phi.forward(k_t), v_t,
-                                   self._state, out, self._eps)
+            self._step_into(self._phi.forward(q_t), self._phi.forward(k_t), v_t,
+                            *self._state, out, self._eps)
         return out
 
     @property

@@ -146,8 +146,10 @@ def test_step_into_matches_numpy(emulated, f, m, dtype, compensated):
         q, k = (np.abs(rng.standard_normal((2, 3, f))).astype(dtype) for _ in range(2))
         v = rng.standard_normal((2, 3, m)).astype(dtype)
         got_out, want_out = np.empty(v.shape, dtype), np.empty(v.shape, dtype)
-        step.step_into(q, k, v, got, got_out, dtype(1e-6))
-        recurrent.step_into(q, k, v, want, want_out, dtype(1e-6))
+        kernel, oracle = ((step.step_into_compensated, recurrent.step_into_compensated)
+                          if compensated else (step.step_into, recurrent.step_into))
+        kernel(q, k, v, *got, got_out, dtype(1e-6))
+        oracle(q, k, v, *want, want_out, dtype(1e-6))
         rtol = 1e-5 if dtype == np.float32 else 1e-12
         np.testing.assert_allclose(got_out, want_out, rtol=rtol,
                                    atol=rtol * np.abs(want_out).max())

@@ -13,7 +13,8 @@ from linattn import dispatch
 
 def test_every_table_entry_is_a_module_with_its_familys_functions():
     functions = {"linear": ("attend", "attend_backward", "FUSED_FEATURE_MAPS"),
-                 "step": ("step", "step_into", "FUSED_FEATURE_MAPS"),
+                 "step": ("step", "step_into", "step_into_compensated",
+                          "FUSED_FEATURE_MAPS"),
                  "softmax": ("attend", "attend_backward"),
                  "lsh": ("attend", "attend_backward")}
     for (family, method, backend), name in dispatch.TABLE.items():

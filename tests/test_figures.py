@@ -93,7 +93,7 @@ def test_copy_task_loss_draws_eval_rows_among_training_rows(tmp_path):
 def test_main_quick_writes_every_figure(tmp_path, capsys):
     assert figures.main(["--quick", "--out", str(tmp_path)]) == 0
     for name in ("time_vs_n", "memory_vs_n", "time_per_token", "feature_map_error",
-                 "copy_task_loss"):
+                 "copy_task_loss", "generation_speed"):
         assert (tmp_path / f"{name}.png").exists() and (tmp_path / f"{name}.csv").exists()
     assert (tmp_path / "data" / "bench.json").exists()
     assert f"[{len(figures.FIGURES)}/{len(figures.FIGURES)}]" in capsys.readouterr().out
@@ -105,3 +105,39 @@ def test_a_caption_of_several_lines_stays_in_the_csv_header(tmp_path):
     back, meta = figures.read_csv(tmp_path / "t.csv")
     assert meta["caption"] == "first line second line"
     assert [r["n"] for r in back] == [2, 4]
+
+
+def _generation_rows():
+    """Rows of speed_table's schema: two forms of linattn (one estimated) and a peer."""
+    rows = []
+    for name, library, s1, s16, measured in (
+            ("linear, RNN", "linattn", 1.5, 5.0, True),
+            ("softmax, recomputing the prefix", "linattn", 120.0, 900.0, False),
+            ("pft linear, RNN", "pytorch-fast-transformers", 2.0, 4.5, True)):
+        for batch, seconds in ((1, s1), (16, s16)):
+            rows.append({"name": name, "library": library, "batch": batch,
+                         "seconds": seconds, "seconds_per_image": seconds / batch,
+                         "images_per_s": batch / seconds, "measured": measured})
+    return rows
+
+
+def test_generation_speed_draws_from_its_csv(tmp_path):
+    # the CSV a run wrote (booleans come back as text) draws again, and round-trips
+    fixture = tmp_path / "fixture.csv"
+    figures.write_csv(fixture, _generation_rows(), figures.GENERATION_COLUMNS,
+                      {"figure": "generation_speed", "caption": "machine X"})
+    rows, meta = figures.read_csv(fixture)
+    assert rows[2]["measured"] == "False" and meta["caption"] == "machine X"
+    png, table = figures.generation_speed(rows, tmp_path / "g", title="t", caption="machine X")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    back, meta = figures.read_csv(table)
+    assert meta["figure"] == "g" and meta["caption"] == "machine X"
+    assert [(r["name"], r["batch"], r["images_per_s"]) for r in back] == [
+        (r["name"], r["batch"], r["images_per_s"]) for r in rows]
+
+
+def test_generation_speed_rejects_rows_without_a_batch(tmp_path):
+    with pytest.raises(ValueError, match="no rows"):
+        figures.generation_speed([], tmp_path / "g")
+    with pytest.raises(ValueError, match="'batch'"):
+        figures.generation_speed([{"name": "a", "images_per_s": 1.0}], tmp_path / "g")

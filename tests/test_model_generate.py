@@ -204,27 +204,6 @@ def test_generation_may_fill_max_len_exactly():
         generate(params, cfg, _prompt(1, 4), 22)
 
 
-def test_generation_speed_rows():
-    # structure only: timing is a benchmark's business, never asserted
-    from linattn.model.speed import FORMS, generation_speed
-    rows = generation_speed(lengths=(6,), batch_size=2, budget_s=0.0)
-    assert [(r["attention"], r["method"]) for r in rows] == list(FORMS)
-    assert all(not r["measured"] and r["sequences_per_s"] > 0 for r in rows)
-    assert rows[0]["speedup_vs_recompute"] > 0 and rows[0]["speedup_vs_cache"] > 0
-
-
-@pytest.mark.parametrize("method, power", [("recurrent", 0), ("cache", 1), ("recompute", 2)])
-def test_speed_estimate_extrapolates_by_the_forms_growth(monkeypatch, method, power):
-    from linattn.model import speed
-    monkeypatch.setattr(speed, "PROBE_LIMIT", 100)
-    monkeypatch.setattr(speed, "_token_seconds",
-                        lambda params, cfg, method, b, t: 1.0 + float(t) ** power)
-    n = 1000                                       # probes reach t = 100; the rest is extrapolated
-    exact = sum(1.0 + float(t) ** power for t in range(n - 1))
-    got = speed.estimate_seconds(None, None, method, 1, n)
-    assert abs(got - exact) < 0.02 * exact
-
-
 def test_lsh_generates_by_recomputing():
     # no state and no cache: "auto" recomputes the prefix, token for token what forward picks
     cfg, params = _model("lsh", n_hashes=2, lsh_chunk_size=4)

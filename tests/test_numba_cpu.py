@@ -231,9 +231,9 @@ def test_float32_stays_float32_inside_the_loops():
     assert not float64_in_ir(elu._times_dphi_, flat, flat.copy())
     s, z = np.zeros((2, 4, 4), np.float32), np.zeros((2, 4), np.float32)
     row = np.ascontiguousarray(x[:, 0])
-    assert not float64_in_ir(step._step_into, row, row, row, s, z, row.copy(), eps, True)
-    assert not float64_in_ir(step._step_compensated, row, row, row, s, z, s.copy(), z.copy(),
-                             row.copy(), eps, True)
+    assert not float64_in_ir(step.step_into, row, row, row, s, z, row.copy(), eps, True)
+    assert not float64_in_ir(step.step_into_compensated, row, row, row, s, z, s.copy(),
+                             z.copy(), row.copy(), eps, True)
     lse, delta, dq_parts = np.empty((2, 5), np.float32), np.empty((2, 5), np.float32), x[None]
     assert not float64_in_ir(softmax._forward_unit, 1, x, x, x, x, True, eps, 2, 3, out, lse,
                              delta)

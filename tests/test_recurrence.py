@@ -15,17 +15,9 @@ from linattn.feature_maps import get_feature_map
 from conftest import FEATURE_MAP_NAMES, random_qkv, relative_error
 from test_cuda_cpu import fake_cupy
 from test_linear import BACKENDS, feature_map
+from test_recurrent import scan as scan_functional   # linear_attention_step over positions
 
 leads = st.sampled_from([(), (2,), (2, 3)])
-
-
-def scan_functional(q, k, v, **kw):
-    """linear_attention_step over positions: the outputs (..., N, M) and the final state."""
-    state, outs = None, []
-    for i in range(q.shape[-2]):
-        out, state = linear_attention_step(q[..., i, :], k[..., i, :], v[..., i, :], state, **kw)
-        outs.append(out)
-    return np.stack(outs, axis=-2), state
 
 
 def scan_recurrence(rnn, q, k, v):

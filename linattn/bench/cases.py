@@ -202,8 +202,8 @@ def state_pass_seconds(q_t, v_t, calls=1024):
 def generation(cfg, progress):
     """Seconds per generated token against position, for ``cfg.heads`` heads of one sequence:
     the RNN step (every position), softmax with a key/value cache and recomputing causal
-    linear attention over the whole prefix (at positions 2^j); and, for the flatness target,
-    the first and the last 1024 steps taken again in turn (``_first_and_last``)."""
+    linear attention over the whole prefix (at positions 2^j); and, to compare early and late
+    positions, the first and the last 1024 steps taken again in turn (``_first_and_last``)."""
     n = cfg.gen_positions
     q, k, v, _ = inputs(1, cfg.heads, n, cfg.dim, cfg.value_dim, cfg.dtype, seed=1)
     q_t, k_t, v_t = tokens(q, k, v)

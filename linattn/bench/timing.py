@@ -4,8 +4,8 @@
 - ``seconds``, ``once``: median and best wall time of a call, after warm-up calls
   (compilation, caches), by ``timeit``: the one timer of the package; ``cpu_seconds`` the
   same in CPU time, and ``one_thread`` / ``thread_counts`` to pin and name the threads (the
-  notebooks time with these). Tables show medians; the targets compare best times, which other processes on a
-  shared machine disturb least.
+  notebooks time with these). Tables show medians; the head-to-head ratios compare best
+  times, which other processes on a shared machine disturb least.
 - ``interleaved``: best times of several calls taken in turn, for ratios that a shared
   machine's load would otherwise tilt; ``blas_limiter`` sets NumPy's BLAS threads for it.
 - ``peak_bytes``: the largest amount of NumPy memory a call holds beyond what existed

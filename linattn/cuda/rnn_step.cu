@@ -34,10 +34,38 @@ constexpr int THREADS = 256;
 constexpr int LANES = 64;                   // columns per tile
 constexpr int GROUPS = THREADS / LANES;     // row groups
 
-// s_new = s + k v^T, z_new = z + k (Eq. 18-19); out = q^T s_new / (q . z_new + eps) (Eq. 20).
-extern "C" __global__ void __launch_bounds__(THREADS)
-rnn_step(const real* q, const real* k, const real* v, const real* s, const real* z,
-         real* s_new, real* z_new, real* out, int f, int m, real eps)
+// Rounded arithmetic that nvcc neither contracts nor reorders, for float and double.
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float sub_rn(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ double sub_rn(double a, double b) { return __dsub_rn(a, b); }
+
+// *total_new = *total + k v, returned; COMPENSATED: Kahan's addition of the term k v with
+// compensation *lost, in place (total_new is total), as forms/recurrent.py::kahan_add_.
+template <bool COMPENSATED>
+__device__ __forceinline__ real add_term(const real* total, real* total_new, real* lost,
+                                         real k, real v)
+{
+    if (!COMPENSATED) {
+        const real t = *total + k * v;
+        *total_new = t;
+        return t;
+    }
+    const real y = sub_rn(mul_rn(k, v), *lost);      // the term, less what was lost before
+    const real t = add_rn(*total, y);                // the new sum, rounded
+    *lost = sub_rn(sub_rn(t, *total), y);            // what this rounding lost, negated
+    *total_new = t;
+    return t;
+}
+
+// One sequence-head b = blockIdx.x: s_new = s + k v^T, z_new = z + k (Eq. 18-19, with
+// compensation s_c, z_c when COMPENSATED), out = q^T s_new / (q . z_new + eps) (Eq. 20).
+template <bool COMPENSATED>
+__device__ __forceinline__ void step(const real* q, const real* k, const real* v,
+                                     const real* s, const real* z, real* s_new, real* z_new,
+                                     real* s_c, real* z_c, real* out, int f, int m, real eps)
 {
     __shared__ real num[GROUPS][LANES], den_part[GROUPS];
     const index_t b = blockIdx.x;
@@ -45,13 +73,13 @@ rnn_step(const real* q, const real* k, const real* v, const real* s, const real*
     q += b * f; k += b * f; z += b * f; z_new += b * f;
     v += b * m; out += b * m;
     s += b * f * m; s_new += b * f * m;
+    if (COMPENSATED) { s_c += b * f * m; z_c += b * f; }   // else null, never used
 
     if (x == 0) {                                    // one thread a group: z's rows g, g + 4, ...
         real d = 0;                                  // this group's share of q . z_new
         for (int r = g; r < f; r += GROUPS) {
-            const real zr = z[r] + k[r];             // Eq. (19)
-            d += q[r] * zr;
-            z_new[r] = zr;
+            real* lost = COMPENSATED ? z_c + r : nullptr;
+            d += q[r] * add_term<COMPENSATED>(z + r, z_new + r, lost, k[r], 1);   // Eq. (19)
         }
         den_part[g] = d;
     }
@@ -66,9 +94,9 @@ rnn_step(const real* q, const real* k, const real* v, const real* s, const real*
             const real vc = v[col];
 #pragma unroll 4
             for (int r = g; r < f; r += GROUPS) {
-                const real sn = s[(index_t)r * m + col] + k[r] * vc;    // Eq. (18)
-                s_new[(index_t)r * m + col] = sn;
-                acc += q[r] * sn;
+                const index_t i = (index_t)r * m + col;
+                real* lost = COMPENSATED ? s_c + i : nullptr;
+                acc += q[r] * add_term<COMPENSATED>(s + i, s_new + i, lost, k[r], vc);  // (18)
             }
         }
         num[g][x] = acc;
@@ -82,63 +110,18 @@ rnn_step(const real* q, const real* k, const real* v, const real* s, const real*
     }
 }
 
-// Rounded arithmetic that nvcc neither contracts nor reorders, for float and double.
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ float sub_rn(float a, float b) { return __fsub_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
-__device__ __forceinline__ double sub_rn(double a, double b) { return __dsub_rn(a, b); }
-
-// total += term with compensation lost, in place; returns the new total (kahan_add_).
-__device__ __forceinline__ real kahan_add(real* total, real* lost, real term)
+// v1: s_new = s + k v^T, z_new = z + k, out = q^T s_new / (q . z_new + eps); may run in place.
+extern "C" __global__ void __launch_bounds__(THREADS)
+rnn_step(const real* q, const real* k, const real* v, const real* s, const real* z,
+         real* s_new, real* z_new, real* out, int f, int m, real eps)
 {
-    const real y = sub_rn(term, *lost);              // the term, less what was lost before
-    const real t = add_rn(*total, y);                // the new sum, rounded
-    *lost = sub_rn(sub_rn(t, *total), y);            // what this rounding lost, negated
-    *total = t;
-    return t;
+    step<false>(q, k, v, s, z, s_new, z_new, nullptr, nullptr, out, f, m, eps);
 }
 
-// v1 in place with compensation: s += k v^T, z += k (Eq. 18-19, Kahan), then Eq. (20).
+// v2: v1 in place with Kahan's compensation s_c, z_c.
 extern "C" __global__ void __launch_bounds__(THREADS)
 rnn_step_compensated(const real* q, const real* k, const real* v, real* s, real* z,
                      real* s_c, real* z_c, real* out, int f, int m, real eps)
 {
-    __shared__ real num[GROUPS][LANES], den_part[GROUPS];
-    const index_t b = blockIdx.x;
-    const int g = threadIdx.x / LANES, x = threadIdx.x % LANES;
-    q += b * f; k += b * f; z += b * f; z_c += b * f;
-    v += b * m; out += b * m;
-    s += b * f * m; s_c += b * f * m;
-
-    if (x == 0) {
-        real d = 0;
-        for (int r = g; r < f; r += GROUPS)
-            d += q[r] * kahan_add(&z[r], &z_c[r], k[r]);                // Eq. (19)
-        den_part[g] = d;
-    }
-    __syncthreads();
-    real den = eps;
-    for (int i = 0; i < GROUPS; ++i) den += den_part[i];
-
-    for (int m0 = 0; m0 < m; m0 += LANES) {
-        const int col = m0 + x;
-        real acc = 0;
-        if (col < m) {
-            const real vc = v[col];
-            for (int r = g; r < f; r += GROUPS) {
-                const index_t i = (index_t)r * m + col;
-                acc += q[r] * kahan_add(&s[i], &s_c[i], mul_rn(k[r], vc));   // Eq. (18)
-            }
-        }
-        num[g][x] = acc;
-        __syncthreads();
-        if (g == 0 && col < m) {
-            real total = 0;
-            for (int i = 0; i < GROUPS; ++i) total += num[i][x];
-            out[col] = total / den;                  // Eq. (20), attention part
-        }
-        __syncthreads();
-    }
+    step<true>(q, k, v, s, z, s, z, s_c, z_c, out, f, m, eps);
 }

@@ -1,9 +1,9 @@
 """One RNN step of causal linear attention for many sequences at once on the GPU: Eq. (16)-(20)
 of Katharopoulos et al. (2020), arXiv:2006.16236, as one kernel (rnn_step.cu) that streams the
 state S through once. ``step`` (``linattn.linear_attention_step`` with ``backend="cupy"``)
-writes a new state; ``step_into`` (``linattn.Recurrence``) updates the state in place, plainly
-(v1, run in place) or by Kahan's compensated summation (v2). Oracles:
-``linattn.forms.recurrent.step`` and ``step_into``.
+writes a new state; ``step_into`` (``linattn.Recurrence``) updates the state in place (v1,
+run in place) and ``step_into_compensated`` by Kahan's compensated summation (v2). Oracles:
+the functions of the same names in ``linattn.forms.recurrent``.
 """
 import math
 
@@ -47,30 +47,38 @@ def step(phi_q, phi_k, v, state, eps):
     return out.reshape(v.shape), State(s_new.reshape(state.S.shape), z_new.reshape(state.z.shape))
 
 
-def step_into(phi_q, phi_k, v, state, out, eps):
-    """``step`` in place: update ``state``'s arrays, Eq. (18)-(19), and write the readout,
-    Eq. (20), into ``out``.
+def step_into(phi_q, phi_k, v, S, z, out, eps):
+    """``step`` in place: S += phi_k v^T, z += phi_k, Eq. (18)-(19), and the readout,
+    Eq. (20), written into ``out``: v1 run in place (s_new = s, z_new = z; see rnn_step.cu).
 
     Parameters
     ----------
     phi_q, phi_k, v
         As for ``step`` (any strides).
-    state : State or CompensatedState of C-contiguous cupy.ndarray, updated in place; a
-        CompensatedState (S, z, S_c, z_c) is updated by Kahan's compensated summation (v2).
-    out : cupy.ndarray, shape (..., M), C-contiguous
+    S : cupy.ndarray, shape (..., F, M), C-contiguous, updated in place
+    z : cupy.ndarray, shape (..., F), C-contiguous, updated in place
+    out : cupy.ndarray, shape (..., M), C-contiguous, written
     eps : float
 
-    Cost: as ``step`` (twice the memory traffic when compensated), no allocation but the
-    copies of strided inputs.
+    Cost: as ``step``, no allocation but the copies of strided inputs.
     """
     b, f, m, q, k, vv = _flat(phi_q, phi_k, v)
-    if not all(a.flags.c_contiguous for a in (*state, out)):
+    _require_c_order(S, z, out)
+    launch.launch("rnn_step.cu", "rnn_step", (b,), (q, k, vv, S, z, S, z, out, f, m, float(eps)))
+
+
+def step_into_compensated(phi_q, phi_k, v, S, z, S_c, z_c, out, eps):
+    """``step_into`` by Kahan's compensated summation (v2, ``rnn_step_compensated``), S_c and
+    z_c the compensation of S and z (their shapes, C-contiguous), all updated in place.
+    Cost: as ``step`` with twice the memory traffic."""
+    b, f, m, q, k, vv = _flat(phi_q, phi_k, v)
+    _require_c_order(S, z, S_c, z_c, out)
+    launch.launch("rnn_step.cu", "rnn_step_compensated", (b,),
+                  (q, k, vv, S, z, S_c, z_c, out, f, m, float(eps)))
+
+
+def _require_c_order(*arrays):
+    """The kernels write these arrays in place through their flat C layout."""
+    if not all(a.flags.c_contiguous for a in arrays):
         raise ValueError("step_into updates the state and out in place: they must be "
                          "C-contiguous")
-    if len(state) == 2:               # v1 in place: s_new = s and z_new = z (see rnn_step.cu)
-        s, z = state
-        launch.launch("rnn_step.cu", "rnn_step", (b,), (q, k, vv, s, z, s, z, out, f, m,
-                                                         float(eps)))
-    else:
-        launch.launch("rnn_step.cu", "rnn_step_compensated", (b,),
-                      (q, k, vv, *state, out, f, m, float(eps)))

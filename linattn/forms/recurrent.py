@@ -4,10 +4,11 @@ time (Eq. 18-19) and read out by the attention part of Eq. (20). This is
 ``method="recurrent"``: a scan of ``step`` over the sequence.
 
 ``linattn.linear_attention_step`` is ``step`` behind the feature map and input checks;
-``linattn.Recurrence`` calls ``step_into``, the same step writing into the state it is given.
-With ``CompensatedState``, ``step_into`` adds by Kahan's compensated summation
-(``kahan_add_``), so that a float32 state stays within a few units of float32 rounding of
-the float64 one however long the sequence (notebook 09 derives and measures it).
+``linattn.Recurrence`` calls ``step_into``, the same step writing into the state it is given,
+or ``step_into_compensated``, which adds by Kahan's compensated summation (``kahan_add_``;
+the state is then a ``CompensatedState``), so that a float32 state stays within a few units
+of float32 rounding of the float64 one however long the sequence (notebook 09 derives and
+measures it).
 Oracle: ``quadratic``; this module is in turn the oracle of the Numba and CUDA steps.
 """
 from typing import NamedTuple
@@ -100,34 +101,40 @@ def kahan_add_(total, lost, term):
     total[...] = t
 
 
-def step_into(phi_q, phi_k, v, state, out, eps):
-    """``step`` in place: update ``state``'s arrays with (phi_k, v), Eq. (18)-(19), then
-    write its readout with phi_q, Eq. (20), into ``out``.
+def step_into(phi_q, phi_k, v, S, z, out, eps):
+    """``step`` in place: S += phi_k v^T and z += phi_k, Eq. (18)-(19), then the readout
+    with phi_q, Eq. (20), written into ``out``.
 
     Parameters
     ----------
     phi_q, phi_k : ndarray, shape (..., F)
     v : ndarray, shape (..., M)
-    state : State or CompensatedState
-        S (..., F, M), z (..., F) (and S_c, z_c), in v's dtype, updated in place; with a
-        CompensatedState each addition is compensated (``kahan_add_``).
+    S : ndarray, shape (..., F, M)
+    z : ndarray, shape (..., F)
+        The state, in v's dtype, updated in place.
     out : ndarray, shape (..., M)
         Written with phi(q)^T S_i / (phi(q)^T z_i + eps).
     eps : scalar
 
     Cost: O(F M) time per leading index; O(F M) temporary memory for the term phi_k v^T.
+    """
+    S += phi_k[..., :, None] * v[..., None, :]               # S_i = S_{i-1} + phi(k_i) v_i^T
+    z += phi_k                                              # z_i = z_{i-1} + phi(k_i)
+    out[...] = readout(phi_q[..., None, :], State(S, z), eps)[..., 0, :]
+
+
+def step_into_compensated(phi_q, phi_k, v, S, z, S_c, z_c, out, eps):
+    """``step_into`` with Kahan's compensated summation: S and z updated in place by
+    ``kahan_add_``, with S_c (S's shape) and z_c (z's shape) their compensation, also updated
+    in place (a ``CompensatedState`` holds the four).
+
     The readout uses S and z as they are, not S - S_c: the compensation is at most about
     half a unit in the last place of S, so S - S_c would round back to S (or to a neighbour,
-    at a tie), and the readout's own rounding is larger.
+    at a tie), and the readout's own rounding is larger. Cost: as ``step_into``.
     """
-    term = phi_k[..., :, None] * v[..., None, :]            # phi(k_i) v_i^T, (..., F, M)
-    if isinstance(state, CompensatedState):
-        kahan_add_(state.S, state.S_c, term)                # S_i = S_{i-1} + phi(k_i) v_i^T
-        kahan_add_(state.z, state.z_c, phi_k)               # z_i = z_{i-1} + phi(k_i)
-    else:
-        state.S[...] += term
-        state.z[...] += phi_k
-    out[...] = readout(phi_q[..., None, :], state, eps)[..., 0, :]
+    kahan_add_(S, S_c, phi_k[..., :, None] * v[..., None, :])   # S_i, Eq. (18), compensated
+    kahan_add_(z, z_c, phi_k)                                   # z_i, Eq. (19), compensated
+    out[...] = readout(phi_q[..., None, :], State(S, z), eps)[..., 0, :]
 
 
 def _initial(phi_k, v):

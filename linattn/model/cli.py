@@ -4,7 +4,7 @@
     python -m linattn train digits --attention softmax       # -> runs/digits/softmax/
     python -m linattn train speech --model linear             # -> runs/speech/linear/
     python -m linattn generate --checkpoint runs/digits/linear/checkpoint.npz --n 16
-    python -m linattn speed --lengths 64 1024 8192
+    python -m linattn speed --batch 1 16 --csv runs/generation_speed.csv
 
 ``train`` writes ``checkpoint.npz`` and ``log.csv`` (the loss curve) to ``--out``; the
 checkpoint's ``meta`` records the task, so ``generate`` knows what to write: a PNG grid of
@@ -12,7 +12,6 @@ digits (matplotlib, imported only then) or copy-task continuations with their ac
 ``train speech`` trains a CTC model on a SYNTHETIC stand-in for WSJ (``speech_task``).
 """
 import argparse
-import json
 import os
 import sys
 
@@ -224,20 +223,30 @@ def generate_main(argv=None):
 
 
 def speed_main(argv=None):
-    """``python -m linattn speed``: sequences/s of the three generation forms (JSON out)."""
-    from .speed import generation_speed
+    """``python -m linattn speed``: images per second of the generation forms at the paper's
+    MNIST shape (``speed.speed_table``), printed as a table; ``--csv`` writes its rows."""
+    from . import speed
     ap = argparse.ArgumentParser(prog="python -m linattn speed",
-                                 description="Generation speed: RNN vs softmax forms.")
-    ap.add_argument("--lengths", type=int, nargs="+", default=[64, 1024, 8192])
-    ap.add_argument("--batch-size", type=int, default=16)
+                                 description="Generation speed at the paper's MNIST shape "
+                                             "(8 layers, 8 heads, d_model 256, N = 784): the "
+                                             "RNN form against softmax forms and, with "
+                                             "--peer-python, pytorch-fast-transformers.")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16],
+                    help="images generated together (default: 1 16)")
+    ap.add_argument("--rounds", type=int, default=3, help="timed generations per row")
+    ap.add_argument("--peer-python", default=None,
+                    help="an interpreter with torch and pytorch-fast-transformers")
     ap.add_argument("--budget", type=float, default=60.0,
-                    help="seconds per measurement; longer ones are extrapolated")
-    ap.add_argument("--out", default=os.path.join("runs", "generation_speed.json"))
+                    help="seconds: recomputing the prefix is estimated past this")
+    ap.add_argument("--csv", help="also write the rows to this CSV file")
     args = ap.parse_args(argv)
-    rows = generation_speed(args.lengths, args.batch_size, args.budget)
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(rows, f, indent=1)
-    for r in rows:
-        print(json.dumps(r), file=sys.stderr)
+    if min(args.batch) < 1 or args.rounds < 1:
+        ap.error("--batch and --rounds must be positive")
+    rows, meta = speed.speed_table(args.batch, args.rounds, args.peer_python, args.budget)
+    print(speed.format_table(rows, meta), end="")
+    if args.csv:
+        from ..figures import GENERATION_COLUMNS, write_csv
+        os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
+        write_csv(args.csv, rows, GENERATION_COLUMNS, {"figure": "generation_speed", **meta})
+        print(f"wrote {args.csv}", file=sys.stderr)
     return 0

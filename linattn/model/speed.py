@@ -1,104 +1,224 @@
-"""Generation speed: the RNN form against softmax with a key/value cache and softmax
-recomputing the prefix, the comparison of section 4.2 (Tables 1-2) of Katharopoulos et al.
-(2020), arXiv:2006.16236, where the paper reports 317x (MNIST, N = 784) and 4462x
-(CIFAR-10, N = 3072) over its softmax baseline.
+"""Generation speed at the paper's MNIST shape: the RNN form against softmax with a
+key/value cache and softmax recomputing the prefix, Tables 1, 4 and 5 of Katharopoulos et
+al. (2020), arXiv:2006.16236 (section 4.2 and appendix C), and the authors' own recurrent
+model (pytorch-fast-transformers, run by ``linattn/bench/peer_generate.py``) when an
+interpreter that has it is given.
 
-Every form generates the same number of tokens from the same random model shape. A form
-whose estimated time exceeds the budget is not run to the end: its time is the sum over
-positions t of the cost of generating token t, measured at a few probed positions
-t <= ``PROBE_LIMIT`` and interpolated between them; past the last probed position T the
-cost grows as (t / T)^p with the form's exponent p in ``GROWTH`` (0 for the RNN, 1 for the
-cache, 2 for recomputing). Rows say whether they were measured or estimated.
-Timing only; correctness is in the tests.
+The model is the paper's MNIST transformer (section 4.2.1): 8 layers, 8 heads of 32,
+d_model 256, an MLP of 1024, here with random weights, a vocabulary of 256 grey levels and
+greedy decoding (the paper's output is a mixture of logistics; the cost of the last layer is
+not what is compared). One image is N = 784 tokens generated after one start token. Every
+form calls ``generate``; the three rows differ only in ``method``:
+
+- ``"recurrent"``: linear attention as an RNN, Eq. (16)-(20), O(1) per token;
+- ``"cache"``: softmax attention with a key/value cache (the paper's "stateful-softmax",
+  appendix C.1, Table 4), O(t) per token at position t;
+- ``"recompute"``: softmax attention running the whole prefix again for each token (what
+  Tables 1-2 compare with), O(t^2) per token. At the paper's shape it takes many minutes, so
+  it is estimated (``estimate_seconds``) unless the estimate fits the budget; each row says
+  which.
+
+Timing only; correctness is in the tests. Both sides run on ``THREADS`` threads.
 """
-import timeit
+import contextlib
+import json
+import os
+import subprocess
 
 import numpy as np
 
 from .config import ModelConfig
-from .generate import KVCache, generate, sample, step
-from .transformer import forward, init_params
+from .generate import generate
+from .transformer import init_params
 
+# the paper's MNIST model (section 4.2.1), with 256 grey levels as tokens
+MNIST = dict(vocab_size=256, d_model=256, n_layers=8, n_heads=8, d_mlp=1024)
+N_MNIST = 784                                    # 28 x 28 pixels, one token each
 FORMS = (("linear", "recurrent"), ("softmax", "cache"), ("softmax", "recompute"))
+NAMES = {"recurrent": "linear, RNN", "cache": "softmax, key/value cache",
+         "recompute": "softmax, recomputing the prefix"}
+PEER_NAME = "pft linear, RNN"
+THREADS = 2
 # recomputing at t builds (B, H, t, t) attention matrices: past ~1k they take gigabytes
 PROBE_LIMIT = 1024
 # how the cost of one token grows with its position t: t^0, t^1, t^2
 GROWTH = {"recurrent": 0, "cache": 1, "recompute": 2}
+PEER_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench",
+                           "peer_generate.py")
 
 
-def _model(attention, n, vocab_size=18):
-    cfg = ModelConfig(vocab_size=vocab_size, max_len=n, d_model=64, n_layers=2, n_heads=4,
-                      d_mlp=256, attention=attention)
-    return cfg, init_params(cfg, seed=0)
+def estimate_seconds(token_seconds, n, growth, probe_limit=PROBE_LIMIT, points=6):
+    """Estimated seconds to generate n tokens from the cost of single tokens.
 
-
-def _token_seconds(params, cfg, method, b, t, repeats=3):
-    """Seconds to produce the token after position t (the best of ``repeats``)."""
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, cfg.vocab_size, (b, t + 1))
-    if method == "cache":
-        shape = (b, cfg.n_heads, t + 1, cfg.d_head)
-        memory = tuple(KVCache(np.zeros(shape, cfg.dtype), np.zeros(shape, cfg.dtype))
-                       for _ in range(cfg.n_layers))
-    else:
-        memory = (None,) * cfg.n_layers
-    def one_token():
-        if method == "recompute":
-            logits = forward(params, cfg, tokens)[0][:, -1]
-        else:
-            logits, _ = step(params, cfg, tokens[:, t], t, memory)
-        sample(logits, 1.0, rng)
-    return min(timeit.repeat(one_token, number=1, repeat=repeats))
-
-
-def estimate_seconds(params, cfg, method, b, n, points=6):
-    """Estimated time to generate n - 1 tokens after a one-token prompt: the per-token cost
-    probed at ``points`` positions up to T = min(n - 2, PROBE_LIMIT), interpolated between
-    them, extrapolated as cost(T) (t / T)^GROWTH[method] past T, summed over t = 0..n-2."""
-    probes = np.unique(np.linspace(0, min(n - 2, PROBE_LIMIT), points).astype(int))
-    costs = [_token_seconds(params, cfg, method, b, int(t)) for t in probes]
-    t = np.arange(n - 1)
-    last = max(int(probes[-1]), 1)
-    per_token = np.where(t <= last, np.interp(t, probes, costs),
-                         costs[-1] * (t / last) ** GROWTH[method])
-    return float(per_token.sum())
-
-
-def generation_speed(lengths=(64, 1024, 8192), batch_size=16, budget_s=60.0):
-    """Sequences per second of each form in ``FORMS`` at each length N.
+    The cost of the token at position t is measured at ``points`` positions
+    0 <= t <= T = min(n - 1, probe_limit), interpolated linearly between them and, past T,
+    extrapolated as cost(T) (t / T)^growth; the estimate is the sum over t = 0..n-1.
 
     Parameters
     ----------
-    lengths : sequence of int
-        Sequence lengths N; each form generates N - 1 tokens after one prompt token.
-    batch_size : int
-        Sequences generated together.
+    token_seconds : callable, t -> seconds to generate the token at position t
+    n : int, tokens generated
+    growth : int, the exponent p of the per-token cost, cost(t) ~ t^p (``GROWTH``)
+
+    Returns
+    -------
+    seconds : float
+
+    Cost: ``points`` calls of ``token_seconds``, then O(n).
+    """
+    probes = np.unique(np.linspace(0, min(n - 1, probe_limit), points).astype(int))
+    costs = [token_seconds(int(t)) for t in probes]
+    t = np.arange(n)
+    last = max(int(probes[-1]), 1)
+    per_token = np.where(t <= last, np.interp(t, probes, costs),
+                         costs[-1] * (t / last) ** growth)
+    return float(per_token.sum())
+
+
+@contextlib.contextmanager
+def _threads(n):
+    """NumPy's BLAS and Numba on ``n`` threads, restored afterwards; yields a line naming
+    what was set (the BLAS is left alone without threadpoolctl, and the line says so)."""
+    import numba
+
+    from ..bench.timing import blas_limiter
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    limit = blas_limiter()
+    if limit is not None:
+        limit(n)
+    blas = f"BLAS {n}" if limit else "BLAS as it was (no threadpoolctl)"
+    try:
+        yield f"linattn: {blas}, numba {numba.get_num_threads()} threads"
+    finally:
+        numba.set_num_threads(before)
+        if limit is not None:
+            limit(None)
+
+
+def _timed(f, rounds):
+    from ..bench.timing import seconds
+    return seconds(f, repeats=rounds, warmup=0)[0]
+
+
+def _form_seconds(params, cfg, method, batch, n, rounds, budget_s):
+    """(median seconds to generate n tokens for the batch, measured?)"""
+    prompt = np.zeros((batch, 1), dtype=np.int64)                  # the start token
+
+    def image():
+        generate(params, cfg, prompt, n, method=method)
+    generate(params, cfg, prompt, min(n, 8), method=method)        # warm-up: compiles
+    if method != "recompute":
+        return _timed(image, rounds), True
+    # the token at position t costs one forward pass over the t + 1 tokens before it
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, n))
+
+    def token_seconds(t):
+        return _timed(lambda: generate(params, cfg, tokens[:, :t + 1], 1, method=method),
+                      rounds)
+    estimate = estimate_seconds(token_seconds, n, GROWTH[method])
+    if estimate <= budget_s:
+        return _timed(image, rounds), True
+    return estimate, False
+
+
+def peer_seconds(peer_python, shape, batches, n, rounds, threads=THREADS):
+    """({batch: median seconds}, note) of pft's recurrent model (``peer_generate.py`` run by
+    ``peer_python``), or ({}, why not)."""
+    config = {"layers": shape["n_layers"], "heads": shape["n_heads"],
+              "d_model": shape["d_model"], "d_mlp": shape["d_mlp"],
+              "vocab": shape["vocab_size"], "n": n, "batches": list(batches),
+              "rounds": rounds, "threads": threads}
+    try:
+        run = subprocess.run([peer_python, PEER_SCRIPT, json.dumps(config)],
+                             capture_output=True, text=True)
+    except OSError as error:                     # no such interpreter, or not executable
+        return {}, f"failed: {error}"
+    if run.returncode != 0:
+        return {}, f"failed: {run.stderr.strip().splitlines()[-1:]}"
+    result = json.loads(run.stdout)
+    note = (f"pytorch-fast-transformers {result['fast_transformers']}, torch "
+            f"{result['torch']}, BLAS {result['blas']}, {result['threads']} threads")
+    return {row["batch"]: row["seconds"] for row in result["rows"]}, note
+
+
+def speed_table(batches=(1, 16), rounds=3, peer_python=None, budget_s=60.0, shape=None,
+                n=N_MNIST, threads=THREADS):
+    """Images per second of each form in ``FORMS`` (and pft's RNN) at each batch size.
+
+    Parameters
+    ----------
+    batches : sequence of int
+        Images generated together.
+    rounds : int
+        Timed generations per row; rows hold the median.
+    peer_python : str or None
+        An interpreter with torch and pytorch-fast-transformers: adds pft's RNN rows.
     budget_s : float
-        A form whose estimate exceeds this is estimated, not run.
+        The recomputing form is measured when its estimate is at most this, else estimated.
+    shape : dict or None
+        ``ModelConfig`` sizes (default ``MNIST``); ``n`` tokens per image.
 
     Returns
     -------
     rows : list of dict
-        ``N, attention, method, seconds, sequences_per_s, measured``, and
-        ``speedup_vs_recompute``, ``speedup_vs_cache`` of the recurrent form.
+        name, library, batch, seconds (per batch of images), seconds_per_image,
+        images_per_s (batch / seconds), measured (True, or False: estimated),
+        vs_rnn (seconds / the seconds of linattn's RNN at that batch), n, dtype.
+    meta : dict
+        machine, threads, peers, dtype, model: strings for captions.
     """
+    from ..bench.timing import machine
+    from ..measure import machine_caption
+    shape = {**MNIST, **(shape or {})}
     rows = []
-    for n in lengths:
-        by_method = {}
+    with _threads(threads) as threads_note:
+        where = machine_caption(machine())
         for attention, method in FORMS:
-            cfg, params = _model(attention, n)
-            seconds = estimate_seconds(params, cfg, method, batch_size, n)
-            measured = seconds <= budget_s
-            if measured:
-                prompt = np.zeros((batch_size, 1), dtype=np.int64)
-                seconds = timeit.timeit(lambda: generate(params, cfg, prompt, n - 1,
-                                                         method=method, temperature=1.0),
-                                        number=1)
-            by_method[method] = seconds
-            rows.append(dict(N=n, attention=attention, method=method, batch=batch_size,
-                             seconds=seconds, sequences_per_s=batch_size / seconds,
-                             measured=measured))
-        rnn = rows[-len(FORMS)]
-        rnn["speedup_vs_recompute"] = by_method["recompute"] / by_method["recurrent"]
-        rnn["speedup_vs_cache"] = by_method["cache"] / by_method["recurrent"]
-    return rows
+            cfg = ModelConfig(max_len=n, attention=attention, **shape)
+            params = init_params(cfg, seed=0)
+            for batch in batches:
+                seconds, measured = _form_seconds(params, cfg, method, batch, n, rounds,
+                                                  budget_s)
+                rows.append(_row(NAMES[method], "linattn", batch, seconds, measured, n,
+                                 cfg.dtype))
+    peers, peer_note = {}, "none (no --peer-python)"
+    if peer_python:
+        peers, peer_note = peer_seconds(peer_python, shape, batches, n, rounds, threads)
+    for batch, seconds in sorted(peers.items()):
+        rows.append(_row(PEER_NAME, "pytorch-fast-transformers", batch, seconds, True, n,
+                         "float32"))
+    rnn = {r["batch"]: r["seconds"] for r in rows if r["name"] == NAMES["recurrent"]}
+    for row in rows:
+        row["vs_rnn"] = row["seconds"] / rnn[row["batch"]]
+    model = (f"{shape['n_layers']} layers, {shape['n_heads']} heads, d_model "
+             f"{shape['d_model']}, d_mlp {shape['d_mlp']}, vocab {shape['vocab_size']}, "
+             f"N = {n}, greedy, random weights")
+    return rows, {"machine": where, "threads": threads_note,
+                  "peers": peer_note, "dtype": "float32", "model": model,
+                  "rounds": str(rounds)}
+
+
+def _row(name, library, batch, seconds, measured, n, dtype):
+    return {"name": name, "library": library, "batch": batch, "seconds": seconds,
+            "seconds_per_image": seconds / batch, "images_per_s": batch / seconds,
+            "measured": measured, "n": n, "dtype": dtype}
+
+
+def format_table(rows, meta):
+    """The rows as a plain-text table, with the model, machine and threads under it."""
+    head = (f"{'form':<32} {'library':<26} {'batch':>5} {'s / batch':>10} {'s / image':>10} "
+            f"{'images/s':>10} {'s / RNN s':>10}  how")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['name']:<32} {r['library']:<26} {r['batch']:>5} "
+                     f"{r['seconds']:>10.4g} {r['seconds_per_image']:>10.4g} "
+                     f"{r['images_per_s']:>10.4g} {r['vs_rnn']:>10.3g}  "
+                     f"{'measured' if r['measured'] else 'estimated'}")
+    lines += ["", f"model: {meta['model']}, {meta['dtype']}",
+              f"medians over {meta['rounds']} rounds; 's / RNN s': a row's seconds over "
+              f"linattn's RNN at the same batch (for pft: pft s / ours s); 'estimated': "
+              f"summed from single tokens timed at a few prefix lengths",
+              f"machine: {meta['machine']}", f"threads: {meta['threads']}; peers: "
+              f"{meta['peers']}"]
+    return "\n".join(lines) + "\n"

@@ -1,8 +1,9 @@
 """One step of the RNN, Eq. (16)-(20) of Katharopoulos et al. (2020), arXiv:2006.16236, as one
 compiled call: feature map (elu+1, Eq. 7, when ``elu``), state update, readout and normaliser.
 ``step`` returns a new state (``linattn.linear_attention_step``); ``step_into`` updates the
-state it is given in place (``linattn.Recurrence``), plainly or, for a ``CompensatedState``,
-by Kahan's compensated summation. Oracles: ``forms.recurrent.step`` and ``step_into``.
+state it is given in place (``linattn.Recurrence``), and ``step_into_compensated`` does so by
+Kahan's compensated summation. Oracles: the functions of the same names in
+``forms.recurrent``.
 
 A generated token costs O(F M) per head whatever its position; at 8 heads and F = M = 64 the
 kernel reads and writes the 128 KB state once, a few microseconds, so the loop is serial:
@@ -43,32 +44,8 @@ def step(phi_q, phi_k, v, state, eps, elu=False):
     """
     new = State(np.array(state.S, order="C"), np.array(state.z, order="C"))   # copies
     out = np.empty(v.shape, v.dtype)
-    _step_into(phi_q, phi_k, v, *new, out, v.dtype.type(eps), elu)
+    step_into(phi_q, phi_k, v, *new, out, v.dtype.type(eps), elu)
     return out, new
-
-
-def step_into(phi_q, phi_k, v, state, out, eps, elu=False):
-    """``step`` in place: update ``state``'s arrays with (phi_k, v), Eq. (18)-(19), and write
-    the readout, Eq. (20), into ``out``.
-
-    Parameters
-    ----------
-    phi_q, phi_k, v
-        As for ``step`` (any strides).
-    state : State or CompensatedState
-        C-contiguous arrays in v's dtype, updated in place; a CompensatedState is updated by
-        Kahan's compensated summation.
-    out : ndarray, shape (..., M), C-contiguous
-    eps : scalar of v's dtype (a Python float would make the float32 kernel compute the
-        normaliser in float64)
-
-    Cost: O(F M) time per leading index, one pass over S (and S_c), no allocation beyond
-    three rows of scratch.
-    """
-    if len(state) == 2:
-        _step_into(phi_q, phi_k, v, *state, out, eps, elu)
-    else:
-        _step_compensated(phi_q, phi_k, v, *state, out, eps, elu)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -78,10 +55,21 @@ def _rows(x, rows):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _count_rows(s, z, v):
-    """The leading axes' size, counted through a non-empty width (F or M may be 0)."""
+def _as_rows(q, k, v, s, z, out):
+    """The arrays with their leading axes flattened into R rows, counted through a non-empty
+    width (F or M may be 0): q, k (R, F or D), v, out (R, M), s (R, F, M), z (R, F)."""
     f_width, m_width = s.shape[-2], s.shape[-1]
-    return v.size // m_width if m_width else (z.size // f_width if f_width else 0)
+    rows = v.size // m_width if m_width else (z.size // f_width if f_width else 0)
+    return (_rows(q, rows), _rows(k, rows), _rows(v, rows), s.reshape(rows, f_width, m_width),
+            z.reshape(rows, f_width), out.reshape(rows, m_width))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _scratch(s):
+    """Scratch rows in s's dtype: phi(q) and phi(k) (F,), the numerator phi(q)^T S (M,)."""
+    f_width, m_width = s.shape[-2], s.shape[-1]
+    return (np.empty(f_width, dtype=s.dtype), np.empty(f_width, dtype=s.dtype),
+            np.empty(m_width, dtype=s.dtype))
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -95,19 +83,32 @@ def _features(q_r, k_r, elu, phi_q, phi_k):
 
 
 @njit(cache=True, error_model="numpy")
-def _step_into(q, k, v, s, z, out, eps, elu):
-    """For each leading index r, in place: s += phi(k) v^T, z += phi(k)     Eq. (18)-(19)
-    and out = phi(q)^T s / (phi(q)^T z + eps)                              Eq. (20).
-    q, k (..., F) (or raw (..., D) when ``elu``), v and out (..., M), s (..., F, M) and
-    z (..., F); s, z and out C-contiguous. (Writing into a separate s_new instead would
-    look the same, but when s_new is s LLVM's overlap check sends the loop to its scalar
-    version, four times slower.)"""
-    f_width, m_width = s.shape[-2], s.shape[-1]
-    rows = _count_rows(s, z, v)
-    q2, k2, v2, out2 = _rows(q, rows), _rows(k, rows), _rows(v, rows), out.reshape(rows, m_width)
-    s3, z2 = s.reshape(rows, f_width, m_width), z.reshape(rows, f_width)
-    phi_q, phi_k = np.empty(f_width, dtype=s.dtype), np.empty(f_width, dtype=s.dtype)
-    num = np.empty(m_width, dtype=s.dtype)
+def step_into(q, k, v, s, z, out, eps, elu=False):
+    """``step`` in place, for each leading index r: s += phi(k) v^T, z += phi(k)  Eq. (18)-(19)
+    and out = phi(q)^T s / (phi(q)^T z + eps)                                    Eq. (20).
+
+    Parameters
+    ----------
+    q, k : ndarray, shape (..., F)
+        Features, or the raw q_t and k_t (..., D) when ``elu`` (elu+1 is applied here);
+        any strides (a strided array is copied).
+    v : ndarray, shape (..., M)
+    s : ndarray, shape (..., F, M), C-contiguous, updated in place
+    z : ndarray, shape (..., F), C-contiguous, updated in place
+    out : ndarray, shape (..., M), C-contiguous, written
+    eps : scalar of v's dtype (a Python float would make the float32 kernel compute the
+        normaliser in float64)
+    elu : bool
+
+    A compiled function that ``linattn.Recurrence`` calls as it is: every Python wrapper
+    would add to a step that costs a few microseconds. Writing into a separate s_new
+    instead would read the same, but when s_new is s LLVM's overlap check sends the loop to
+    its scalar version, four times slower. Cost: O(F M) time per leading index, one pass
+    over S, no allocation beyond three rows of scratch.
+    """
+    q2, k2, v2, s3, z2, out2 = _as_rows(q, k, v, s, z, out)
+    rows, f_width, m_width = s3.shape
+    phi_q, phi_k, num = _scratch(s)
     for r in range(rows):
         _features(q2[r], k2[r], elu, phi_q, phi_k)
         v_r = v2[r]
@@ -136,17 +137,15 @@ def _step_into(q, k, v, s, z, out, eps, elu):
 
 
 @njit(cache=True, error_model="numpy")
-def _step_compensated(q, k, v, s, z, s_c, z_c, out, eps, elu):
-    """``_step_into`` with Kahan's compensation s_c, z_c (s's and z's shapes, C order):
-    each addition as ``forms.recurrent.kahan_add_``, in the same order, so that the state
-    equals NumPy's bit for bit. The readout uses the sums s, z as they are."""
-    f_width, m_width = s.shape[-2], s.shape[-1]
-    rows = _count_rows(s, z, v)
-    q2, k2, v2, out2 = _rows(q, rows), _rows(k, rows), _rows(v, rows), out.reshape(rows, m_width)
-    s3, c3 = s.reshape(rows, f_width, m_width), s_c.reshape(rows, f_width, m_width)
-    z2, zc2 = z.reshape(rows, f_width), z_c.reshape(rows, f_width)
-    phi_q, phi_k = np.empty(f_width, dtype=s.dtype), np.empty(f_width, dtype=s.dtype)
-    num = np.empty(m_width, dtype=s.dtype)
+def step_into_compensated(q, k, v, s, z, s_c, z_c, out, eps, elu=False):
+    """``step_into`` with Kahan's compensation s_c, z_c (s's and z's shapes, C-contiguous,
+    updated in place): each addition as ``forms.recurrent.kahan_add_``, in the same order,
+    so that the state equals NumPy's bit for bit. The readout uses the sums s, z as they
+    are. Cost: O(F M) time per leading index, one pass over S and S_c."""
+    q2, k2, v2, s3, z2, out2 = _as_rows(q, k, v, s, z, out)
+    rows, f_width, m_width = s3.shape
+    c3, zc2 = s_c.reshape(s3.shape), z_c.reshape(z2.shape)     # the compensation, as s, z
+    phi_q, phi_k, num = _scratch(s)
     for r in range(rows):
         _features(q2[r], k2[r], elu, phi_q, phi_k)
         v_r = v2[r]

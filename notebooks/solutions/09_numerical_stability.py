@@ -127,7 +127,7 @@ def relative_error(got, want):
 
 @njit(cache=True, error_model="numpy")
 def _kahan_step(q, k, v, s, z, cs, cz, eps):
-    """One compensated RNN step, laid out as the library's ``numba_cpu.step._step_into`` (elu+1,
+    """One compensated RNN step, laid out as the library's ``numba_cpu.step.step_into`` (elu+1,
     Eq. 7, on raw q, k (R, F); v (R, M); s, cs (R, F, M); z, cz (R, F)): Eq. (18)-(19)
     with Kahan's compensation cs, cz, then Eq. (20). Returns new arrays
     (out, s, z, cs, cz); the inputs are not changed."""
