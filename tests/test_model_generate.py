@@ -1,10 +1,12 @@
 """Generation: the RNN form and the key/value cache pick exactly the tokens that
-recomputing the parallel form picks; sampling is seeded."""
+recomputing the parallel form picks; sampling is seeded. The lean loop ``generate`` runs
+(``model.decode``) computes what the reference ``step`` computes, token for token."""
 import numpy as np
 import pytest
 
+from linattn.model import decode
 from linattn.model.config import ModelConfig
-from linattn.model.generate import generate, sample, step
+from linattn.model.generate import KVCache, generate, sample, step
 from linattn.model.transformer import forward, init_params
 
 # learned positions make a random model's greedy continuation vary along the sequence
@@ -35,7 +37,6 @@ def test_step_logits_match_the_parallel_form(attention, fast, kw):
     want, _ = forward(params, cfg, ids)
     memories = (None,) * cfg.n_layers
     if fast == "cache":
-        from linattn.model.generate import KVCache
         shape = (2, cfg.n_heads, 10, cfg.d_head)
         memories = tuple(KVCache(np.zeros(shape), np.zeros(shape)) for _ in range(2))
     for t in range(10):
@@ -54,6 +55,92 @@ def test_greedy_generation_matches_recomputing(attention, fast, dtype):
     np.testing.assert_array_equal(got[:, :4], prompt)
     # a real continuation: it varies along the sequence and depends on the prompt
     assert len(np.unique(got[0, 4:])) > 3 and len({tuple(row) for row in got[:, 4:]}) > 1
+
+
+def _step_memories(cfg, b, n):
+    """``step``'s empty memories for b sequences of up to n positions."""
+    if cfg.attention == "linear":
+        return (None,) * cfg.n_layers                     # s_0 = z_0 = 0
+    shape = (b, cfg.n_heads, n, cfg.d_head)
+    return tuple(KVCache(np.zeros(shape, cfg.dtype), np.zeros(shape, cfg.dtype))
+                 for _ in range(cfg.n_layers))
+
+
+def _by_step(params, cfg, prompt, n_new, temperature=0.0, seed=0):
+    """The reference loop: ``step`` with the NumPy layers and a fresh memory, then
+    ``sample``, as ``generate`` ran before its lean loop."""
+    b, n_prompt = prompt.shape
+    total = n_prompt + n_new
+    tokens = np.zeros((b, total), dtype=np.int64)
+    tokens[:, :n_prompt] = prompt
+    memories = _step_memories(cfg, b, total)
+    rng = np.random.default_rng(seed)
+    for t in range(total - 1):
+        logits, memories = step(params, cfg, tokens[:, t], t, memories)
+        if t + 1 >= n_prompt:
+            tokens[:, t + 1] = sample(logits, temperature, rng)
+    return tokens
+
+
+# the model variants the lean loop must follow: both attentions, a feature map the RNN
+# kernel does not fuse (favor), ReLU, fixed positions
+VARIANTS = [("linear", {}), ("linear", dict(feature_map="favor", positions="sinusoidal")),
+            ("linear", dict(activation="relu")), ("softmax", {}),
+            ("softmax", dict(activation="relu", positions="sinusoidal"))]
+
+
+@pytest.mark.parametrize("attention, kw", VARIANTS)
+@pytest.mark.parametrize("b", [1, 3])
+def test_lean_logits_match_the_step_function(attention, kw, b):
+    # float64: every position's logits, not just their argmax, within rounding
+    cfg, params = _model(attention, **kw)
+    ids = _prompt(b, 12)
+    weights = decode.prepare(params, cfg, 12)
+    buf = decode.buffers(cfg, b, 12)
+    lean, memories = decode.memories(cfg, b, 12), _step_memories(cfg, b, 12)
+    for t in range(12):
+        want, memories = step(params, cfg, ids[:, t], t, memories)
+        got = decode.token_logits(weights, buf, lean, cfg, ids[:, t], t)
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("attention, kw", VARIANTS)
+@pytest.mark.parametrize("b, p", [(1, 1), (1, 5), (4, 1), (4, 5)])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_lean_generation_matches_the_step_loop(attention, kw, b, p, temperature):
+    # float64, the same seed: the same tokens, greedy or sampled, any batch and prompt
+    cfg, params = _model(attention, **kw)
+    prompt = _prompt(b, p)
+    got = generate(params, cfg, prompt, 12, temperature=temperature, seed=3)
+    np.testing.assert_array_equal(got, _by_step(params, cfg, prompt, 12, temperature, 3))
+    np.testing.assert_array_equal(got[:, :p], prompt)
+
+
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+def test_lean_float32_greedy_tokens_match_the_step_loop(attention):
+    cfg, params = _model(attention, "float32")
+    prompt = _prompt(3, 2)
+    np.testing.assert_array_equal(generate(params, cfg, prompt, 20),
+                                  _by_step(params, cfg, prompt, 20))
+
+
+@pytest.mark.parametrize("b", [1, 3])
+def test_lean_buffers_q_k_v_are_views_of_qkv(b):
+    # the RNN reads q, k, v through views made once: each must see what qkv holds
+    cfg, _ = _model("linear")
+    buf = decode.buffers(cfg, b, 5)
+    buf.qkv[:] = np.arange(buf.qkv.size).reshape(buf.qkv.shape)
+    for i, view in enumerate((buf.q, buf.k, buf.v)):
+        part = buf.qkv[i * cfg.d_model:(i + 1) * cfg.d_model].T     # (B, D)
+        np.testing.assert_array_equal(view.reshape(b, cfg.d_model), part)
+        assert np.shares_memory(view, buf.qkv)
+
+
+def test_lean_loop_leaves_the_parameters_alone():
+    cfg, params = _model("softmax")
+    before = {name: a.copy() for name, a in params.items()}
+    generate(params, cfg, _prompt(), 6)
+    assert all(np.array_equal(params[name], a) for name, a in before.items())
 
 
 def test_recurrent_state_is_constant_size():
@@ -99,6 +186,8 @@ def test_sample_follows_the_distribution():
     ("linear", dict(n_new=22), "max_len"),
     ("linear", dict(temperature=-1.0), "temperature"),
     ("linear", dict(prompt=np.zeros((2, 0), dtype=int)), "prompt"),
+    ("linear", dict(prompt=np.full((2, 3), 9)), r"prompt ids must lie in \[0, 9\)"),
+    ("softmax", dict(prompt=np.full((2, 3), -1)), "prompt ids"),
 ])
 def test_generate_rejects_bad_arguments(attention, kwargs, match):
     cfg, params = _model(attention)

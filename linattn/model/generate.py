@@ -2,8 +2,8 @@
 arXiv:2006.16236.
 
 - ``"recurrent"`` (linear models): the transformer as an RNN. Each layer and head carries
-  its state (S, z) of the RNN, Eq. (16)-(20); a new token costs one ``linear_attention_step`` per
-  layer, O(d_model^2 + d_model d_head) time and constant memory, whatever its position.
+  its state (S, z) of the RNN, Eq. (16)-(20); a new token costs one RNN step per layer,
+  O(d_model^2 + d_model d_head) time and constant memory, whatever its position.
 - ``"cache"`` (softmax models): keys and values of earlier positions are kept, and the new
   query attends to them: O(t d_model) time and memory at position t.
 - ``"recompute"`` (any attention): the whole prefix goes through ``transformer.forward``
@@ -14,6 +14,13 @@ arXiv:2006.16236.
   earlier positions (and the next layer's keys built from them) can change. Recomputing the
   prefix is the one exact way; it costs O(t (d_model^2 + n_hashes C d_model)) plus the
   hashing at position t.
+
+``step`` computes one token of the first two with the NumPy layers and the library's
+public attention (``linear_attention_step``, ``softmax_attention``): the reference.
+``generate`` runs them through ``model.decode``, the same arithmetic organised for speed
+(weights prepared once, buffers reused, one ``linattn.Recurrence`` per layer, compiled
+element work): tests/test_model_generate.py holds it to ``step``, logits within rounding
+in float64 and the same tokens, greedy or sampled.
 """
 from typing import NamedTuple
 
@@ -21,6 +28,7 @@ import numpy as np
 
 from ..linear import linear_attention_step
 from ..softmax import softmax_attention
+from . import decode
 from .attention import merge_heads, split_heads
 from .layers import layer_norm, linear
 from .transformer import block_params, embed, forward, mlp
@@ -143,6 +151,9 @@ def generate(params, cfg, prompt, n_new, *, method="auto", temperature=0.0, seed
         # the model reads every token but the last one generated
         raise ValueError(f"prompt length {n_prompt} + n_new {n_new} - 1 must be at most "
                          f"max_len {cfg.max_len} (and n_new >= 0)")
+    if prompt.min() < 0 or prompt.max() >= cfg.vocab_size:
+        raise ValueError(f"prompt ids must lie in [0, {cfg.vocab_size}), got "
+                         f"[{prompt.min()}, {prompt.max()}]")
     rng = np.random.default_rng(seed)
     tokens = np.zeros((b, total), dtype=np.int64)
     tokens[:, :n_prompt] = prompt
@@ -151,14 +162,13 @@ def generate(params, cfg, prompt, n_new, *, method="auto", temperature=0.0, seed
             logits, _ = forward(params, cfg, tokens[:, :t])
             tokens[:, t] = sample(logits[:, -1], temperature, rng)
         return tokens
-    if method == "recurrent":
-        memories = (None,) * cfg.n_layers               # s_0 = z_0 = 0, Eq. (16)-(17)
-    else:
-        shape = (b, cfg.n_heads, total, cfg.d_head)
-        memories = tuple(KVCache(np.zeros(shape, cfg.dtype), np.zeros(shape, cfg.dtype))
-                         for _ in range(cfg.n_layers))
+    # the lean loop: what ``step`` computes, with everything but the token's own work done
+    # once here (the model reads positions 0..total-2)
+    weights = decode.prepare(params, cfg, total - 1)
+    buf = decode.buffers(cfg, b, total - 1)
+    memories = decode.memories(cfg, b, total - 1)      # s_0 = z_0 = 0 (Eq. 16-17), or empty
     for t in range(total - 1):                          # the prompt primes the memories
-        logits, memories = step(params, cfg, tokens[:, t], t, memories)
+        logits = decode.token_logits(weights, buf, memories, cfg, tokens[:, t], t)
         if t + 1 >= n_prompt:
             tokens[:, t + 1] = sample(logits, temperature, rng)
     return tokens

@@ -1,0 +1,137 @@
+"""The element work of one generated token, between its matrix products: the compiled part
+of the lean loop of ``linattn.model.decode`` (``generate``'s "recurrent" and "cache"
+methods; section 3.4 of Katharopoulos et al. (2020), arXiv:2006.16236, and Eq. (1) in its
+pre-norm form).
+
+- ``add_norm``: the residual add and the layer norm after it, x += y + bias, h = LN(x);
+- ``bias_activate``: the MLP's hidden layer, u = act(u + b_1);
+- ``cache_attend``: softmax attention of the new query over the key/value cache, Eq. (2).
+
+Layout: a token's arrays are columns, (features, B), one column per sequence, as the loop
+keeps them (``model.decode`` says why: OpenBLAS multiplies W^T (N, K) by x^T (K, 16)
+faster than x (16, K) by W). So layer norm reduces along the features for every sequence
+at once, and the loops run along the batch, contiguous, with no reduction across lanes:
+LLVM vectorises them without fastmath at B = 16 (at B = 1 they are short).
+
+GELU is computed as x sigmoid(2 y), y = c (x + 0.044715 x^3): the same function as the
+reference's 0.5 x (1 + tanh(y)), since (1 + tanh(y)) / 2 = 1 / (1 + exp(-2 y)); the sigmoid
+needs one exp of a non-positive number (``flash_tiles.exp_nonpositive``, vectorisable), where
+Numba's tanh is a C call per element (5.6 us for 1024 against NumPy's 0.6 us), and it keeps
+its digits for negative x, where 1 + tanh(y) cancels.
+
+Oracles: ``model.layers`` (layer_norm, gelu, relu) and ``linattn.softmax_attention``
+(tests/test_numba_decode.py); the whole loop: ``model.generate.step``. Arguments are the
+loop's own, already checked and C-contiguous.
+"""
+import numpy as np
+from numba import njit
+
+from .flash_tiles import exp_and_sum, exp_nonpositive, scale_and_max
+
+LN_EPS = 1e-5              # as ``model.layers.layer_norm``
+_GELU_C = np.sqrt(2 / np.pi)
+
+
+@njit(cache=True, error_model="numpy")
+def add_norm(x, y, bias, g, b, h):
+    """The residual add and the layer norm after it, over the columns of (D, B) arrays:
+
+        x += y + bias                      y: a sublayer's product, bias (D,) its bias
+        h = g (x - mean) / sqrt(var + eps) + b,   mean and var over the D features
+
+    Cost: O(D B), three passes over x.
+    """
+    d, n_batch = x.shape
+    mean, var = np.zeros(n_batch, x.dtype), np.zeros(n_batch, x.dtype)
+    for i in range(d):
+        x_i, y_i, bias_i = x[i], y[i], bias[i]
+        for c in range(n_batch):
+            x_i[c] += y_i[c] + bias_i
+            mean[c] += x_i[c]
+    mean /= d
+    for i in range(d):
+        x_i = x[i]
+        for c in range(n_batch):
+            var[c] += (x_i[c] - mean[c]) * (x_i[c] - mean[c])
+    rstd = 1 / np.sqrt(var / d + x.dtype.type(LN_EPS))       # (B,)
+    for i in range(d):
+        x_i, h_i, g_i, b_i = x[i], h[i], g[i], b[i]
+        for c in range(n_batch):
+            h_i[c] = (x_i[c] - mean[c]) * rstd[c] * g_i + b_i
+
+
+@njit(cache=True, error_model="numpy", inline="always")     # inlined: vectorises in loops
+def _activation(x, relu):
+    """ReLU (NaN stays NaN), or GELU as x sigmoid(2 y), y = c (x + 0.044715 x^3)."""
+    one, zero = type(x)(1), type(x)(0)
+    if relu:
+        return x if x > 0 or x != x else zero
+    s = type(x)(2 * _GELU_C) * (x + type(x)(0.044715) * x * x * x)     # 2 y
+    e = exp_nonpositive(-abs(s))                                      # exp(-|2 y|) <= 1
+    sig = one / (one + e) if s >= 0 else e / (one + e)   # sigmoid(2 y), no overflow
+    return x * sig                                        # NaN in: NaN out
+
+
+@njit(cache=True, error_model="numpy")
+def bias_activate(u, bias, relu):
+    """u = act(u + bias) in place over (F, B), bias (F,): ReLU, or GELU as
+    x sigmoid(2 c (x + 0.044715 x^3)) with x = u + bias. Cost: O(F B), an exp an element."""
+    n_features, n_batch = u.shape
+    if n_batch == 1:                      # one column, contiguous: the loop runs along it
+        col = u.reshape(n_features)
+        for f in range(n_features):
+            col[f] = _activation(col[f] + bias[f], relu)
+        return
+    for f in range(n_features):
+        row, bias_f = u[f], bias[f]
+        for j in range(n_batch):
+            row[j] = _activation(row[j] + bias_f, relu)
+
+
+@njit(cache=True, error_model="numpy")
+def cache_attend(qkv, t, keys_t, values, scale, scores, heads):
+    """Softmax attention of position t's query over positions 0..t, Eq. (2) with one query
+    (every cached key is visible: the causal mask, Eq. (8), has nothing to hide).
+
+    qkv : (3 D, B), this position's q | k | v per sequence, each laid out (H, d_head).
+    keys_t : (B, H, d_head, N_max)
+        Keys stored transposed, so that the scores q . k_j run along j (vectorised).
+    values : (B, H, N_max, d_head)
+    scores : (N_max,) scratch; heads : (D, B), the output, heads laid out as q.
+
+    k_t and v_t are first written into the caches at t. Then per sequence and head, with
+    the one-query tile loops of ``flash_tiles`` (the library's softmax kernel's own):
+        L_j = scale q . k_j,  P_j = exp(L_j - max L),  out = sum_j P_j v_j / sum_j P_j.
+    Cost: O(B t D) time, one read of the caches (at B = 16 and t in the hundreds, bound by
+    memory bandwidth).
+    """
+    n_batch, n_heads, d_head, _ = keys_t.shape
+    d, n = n_heads * d_head, t + 1
+    scratch = np.empty((4, 1), dtype=scores.dtype)         # one query's running values
+    top, m, total, rescale = scratch[0], scratch[1], scratch[2], scratch[3]
+    col = scores[:n].reshape(n, 1)                          # (n, 1): keys x one query
+    flat = scores[:n]                                       # the same, as a vector
+    q, acc = np.empty(d_head, dtype=scores.dtype), np.empty(d_head, dtype=scores.dtype)
+    for b in range(n_batch):
+        for hd in range(n_heads):
+            lo = hd * d_head
+            kt, vals = keys_t[b, hd], values[b, hd]
+            for i in range(d_head):                         # the cache grows by one
+                q[i] = qkv[lo + i, b]
+                kt[i, t] = qkv[d + lo + i, b]
+                vals[t, i] = qkv[2 * d + lo + i, b]
+            flat[:] = 0
+            for i in range(d_head):                         # q . k_j for every j <= t
+                q_i, kt_i = q[i], kt[i]
+                for j in range(n):
+                    flat[j] += q_i * kt_i[j]
+            top[0], m[0], total[0] = -np.inf, -np.inf, 0
+            scale_and_max(col, scale, False, 0, 0, top)    # L = scale q k^T, its max
+            exp_and_sum(col, top, m, total, rescale)        # P = exp(L - max), sum P
+            acc[:] = 0
+            for j in range(n):                              # sum_j P_j v_j
+                p, v_j = flat[j], vals[j]
+                for i in range(d_head):
+                    acc[i] += p * v_j[i]
+            for i in range(d_head):
+                heads[lo + i, b] = acc[i] / total[0]
