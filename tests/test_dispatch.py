@@ -59,6 +59,16 @@ def test_auto_on_numba_is_the_kernel_matrix_for_short_sequences(causal, shape, w
     module, backend = dispatch.kernel("linear", "auto", "numba", np, causal, shape)
     assert (module.__name__, backend) == ("linattn.numba_cpu." + want, "numba")
 
+def test_the_public_function_gives_auto_its_shape(monkeypatch):
+    seen = []
+    rule = dispatch.AUTO_METHOD["linear", "numba"]
+    monkeypatch.setitem(dispatch.AUTO_METHOD, ("linear", "numba"),
+                        lambda causal, shape: seen.append(shape) or rule(causal, shape))
+    q = k = v = np.ones((2, 5, 3))
+    linattn.linear_attention(q, k, v, causal=True)
+    linattn.linear_attention_backward(v, q, k, v, causal=True)
+    assert seen == [(5, 3), (5, 3)]
+
 
 
 def test_every_family_resolves_on_numpy_and_numba():
