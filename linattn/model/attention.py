@@ -23,6 +23,10 @@ positions. Cost: B attention calls per layer instead of one.
 Heads are laid out (batch, heads, N, d_head), so the core functions see leading axes only.
 Reference: the core's own oracles; the layer's backward is held to finite differences in
 tests/test_model_attention.py.
+
+``attention_fused`` is the same layer for the lean training path (``lean``): Q, K and V from
+one matrix product with the three weights side by side, their heads split in one copy, and
+b_O left to the caller's residual add; ``attention`` is its reference.
 """
 from typing import NamedTuple
 
@@ -205,7 +209,7 @@ def attention_fused(p, x, cfg):
     Returns
     -------
     a : ndarray, shape (B, N, d_model), heads W_O
-    cache : AttentionCache (q, k, v are views of the one product's output)
+    cache : AttentionCache
 
     Cost: as ``attention``'s.
     """
@@ -213,9 +217,10 @@ def attention_fused(p, x, cfg):
     b, n, d = x.shape
     proj = x.reshape(-1, d) @ _stacked(p, names, "w")                # (B N, P d_model)
     proj += _stacked(p, names, "b")
-    proj = proj.reshape(b, n, len(names), cfg.n_heads, d // cfg.n_heads)
-    heads_in = {name: proj[:, :, i].transpose(0, 2, 1, 3)          # (B, H, N, d_head)
-                for i, name in enumerate(names)}
+    # all heads of all projections split in one copy, (P, B, H, N, d_head): the kernels
+    # take each (batch, head) row contiguous, and the backward reads them again
+    heads_in = dict(zip(names, np.ascontiguousarray(
+        proj.reshape(b, n, len(names), cfg.n_heads, d // cfg.n_heads).transpose(2, 0, 3, 1, 4))))
     q, k, v = heads_in["q"], heads_in.get("k"), heads_in["v"]
     heads = merge_heads(attend(q, k, v, cfg))                       # (B, N, d_model)
     return (heads.reshape(-1, d) @ p["wo"]).reshape(b, n, d), AttentionCache(q, k, v, heads)

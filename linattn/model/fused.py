@@ -19,10 +19,11 @@ Two changes of form, not of function:
 
 The loops run on the calling thread, in row order, so sums over rows do not depend on a
 thread count. Threads did not pay here: the step alternates these loops with NumPy's
-matrix products, whose BLAS threads keep spinning for a while after each product, and one
-copy-task step with these loops on Numba's 2 threads took as long as on one when the
-2-core machine was otherwise idle, and up to 4x longer when it was shared. Float32 stays
-float32; no fastmath (NaN in gives NaN out).
+matrix products, whose BLAS threads keep spinning for a while after each product. One step
+of the copy-task model at batch 16 took 0.29-0.30 s with these loops parallel over rows on
+2 threads and 0.30 s on one (2-core Xeon, medians of 4 rounds), and up to 4x longer on 2
+threads while other processes ran on the machine. Float32 stays float32; no fastmath (NaN
+in gives NaN out).
 """
 from typing import NamedTuple
 

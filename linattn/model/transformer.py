@@ -11,6 +11,12 @@ the optimiser and checkpoints treat them uniformly. ``forward`` returns the logi
 ``ForwardCache`` of per-layer intermediates, which ``backward`` consumes.
 Reference: the whole-model gradient is held to central finite differences in
 tests/test_model_transformer.py.
+
+Training takes the lean path by default (``loss_and_grads(..., path="lean")``):
+``forward_lean`` and ``backward_lean`` run the blocks of ``lean`` (compiled elementwise
+layers from ``fused``, kept activations) and give the same loss and gradients up to
+rounding; ``forward`` and ``backward``, with the NumPy layers, are their reference
+(tests/test_model_lean.py).
 """
 from typing import NamedTuple
 

@@ -10,12 +10,13 @@ Backward, with dnum = dout / den and dden_i = -dout_i . out_i / den_i:
     dA = dnum v^T + dden (masked as A),   dphi_q = dA phi_k,
     dphi_k += dA^T phi_q,                 dv += A^T dnum.
 Every product is one BLAS call on the block (``blas.gemm``), and the blocks never hold more
-than C x N numbers, not the N x N matrix. Its cost, O(N^2 (F + M)) against the blocked
-kernel's O(N F M + N C (F + M)) (``chunked``), is what short sequences pay best: at N = 127
-its products are a few large calls where the blocks make 8 small ones per row, and the
-masked half above the diagonal is skipped block by block. ``dispatch.AUTO_METHOD`` holds the
-measured crossover. With ``elu`` the kernels take raw q and k and apply elu+1 (Eq. 7) as
-they load them, and its derivative to the gradients (``elu``).
+than C x N numbers, not the N x N matrix; causal, the keys after a block are never touched,
+which halves the work. Its cost, O(N^2 (F + M)) against the blocked kernel's
+O(N F M + N C (F + M)) (``chunked``), is the cheaper one for short sequences and wide heads;
+``dispatch.AUTO_METHOD`` holds the measured crossover. With ``elu`` the kernels take raw q
+and k and apply elu+1 (Eq. 7) as they load them, and its derivative to the gradients.
+Inputs may have any strides (a block's rows are copied into a contiguous array as they are
+loaded), so heads split from one projection are read in place.
 Oracle: ``forms.quadratic`` (NumPy), the same matrix made whole.
 """
 import numpy as np
