@@ -38,6 +38,15 @@ def test_gelu_backward_is_the_reference(shape, overwrite, seed):
     np.testing.assert_allclose(dx, want, rtol=1e-12, atol=1e-14)
 
 
+def test_gelu_on_views():
+    u, b = arrays(2, (4, 6), 3)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        fused.bias_gelu(u[:, ::2], b)                      # it could not write u back
+    dy = u.T                                               # a view: overwrite makes a copy
+    dx, = fused.gelu_backward(dy, u.T.copy(), overwrite=True)
+    np.testing.assert_allclose(dx, layers.gelu_backward(dy, u.T)[0], rtol=1e-12, atol=1e-14)
+
+
 def test_gelu_backward_matches_finite_differences():
     u, b = arrays(1, (3, 7), 7, scale=2.0)
     assert_gradients_match(lambda u: fused.bias_gelu(u.copy(), np.zeros(7)),

@@ -100,6 +100,8 @@ def bias_gelu(u, b):
 
     Cost: O(size(u)), one exp an element.
     """
+    if not u.flags.c_contiguous:
+        raise ValueError("bias_gelu overwrites u in place: u must be C-contiguous")
     g = np.empty_like(u)
     _bias_gelu(_as_rows(u), b, _as_rows(g))
     return g
@@ -121,8 +123,9 @@ def _times_gelu_grad(d, x):
 
 def gelu_backward(dy, x, overwrite=False):
     """Gradient of GELU (``layers.gelu_backward``): dy * gelu'(x), in a new array, or in dy
-    itself if ``overwrite``. Returns (dx,). Cost: O(size(x)), one exp an element."""
-    dx = dy if overwrite else dy.copy()
+    itself if ``overwrite`` (and dy is C-contiguous). Returns (dx,). Cost: O(size(x)), one
+    exp an element."""
+    dx = dy if overwrite and dy.flags.c_contiguous else np.array(dy, order="C")
     _times_gelu_grad(_as_rows(dx), _as_rows(x))
     return (dx,)
 
