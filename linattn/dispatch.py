@@ -34,10 +34,11 @@ fused one is tested against.
 The "auto" rule, written once:
 - backend "auto": "cupy" for CuPy arrays; for NumPy arrays "numba" when numba imports and has
   the method, else "numpy".
-- method "auto": ``AUTO_METHOD[family, backend]``, a function of ``causal``: the fastest
-  form measured on that backend (NumPy: running sums non-causal, blocks causal; Numba:
-  blocks; CUDA: the chunked scan causal, matrix products non-causal). Families without
-  methods (step, softmax, lsh) have the single method "auto".
+- method "auto": ``AUTO_METHOD[family, backend]``, a function of ``causal`` and the queries'
+  shape (N, D) where the caller gives it: the fastest form measured on that backend (NumPy:
+  running sums non-causal, blocks causal; Numba: the kernel matrix in blocks for short
+  sequences, else blocks of positions; CUDA: the chunked scan causal, matrix products
+  non-causal). Families without methods (step, softmax, lsh) have the single method "auto".
 - an explicit backend without the method asked for is a ValueError that names both.
 """
 import importlib
@@ -59,6 +60,7 @@ TABLE = {
     ("linear", "linear", "numba"): "linattn.numba_cpu.loops",
     ("linear", "recurrent", "numba"): "linattn.numba_cpu.loops",      # the same running sums
     ("linear", "chunked", "numba"): "linattn.numba_cpu.chunked",
+    ("linear", "quadratic", "numba"): "linattn.numba_cpu.quadratic",  # blocks of A, no state
     ("linear", "quadratic", "cupy"): "linattn.forms.quadratic",       # NumPy's, on CuPy arrays
     ("linear", "linear", "cupy"): "linattn.cuda.cumulative",          # v1: a thread per column
     ("linear", "recurrent", "cupy"): "linattn.cuda.cumulative",
@@ -76,15 +78,41 @@ TABLE = {
 # the (family, backend) pairs the table has, for the check that runs on every call
 _BACKENDS_OF = frozenset((family, backend) for family, _, backend in TABLE)
 
-# method "auto" on each backend, as a function of causal
+# Numba: "quadratic" (blocks of the N x N kernel matrix, O(N^2 (F + M))) while N is at most
+# about the crossover with "chunked" (blocks of positions carrying a state, O(N F M)), which
+# grows with the width D. Measured on a 2-core Xeon (Sapphire Rapids, AVX-512, SciPy's
+# OpenBLAS 0.3.31), float32, elu+1, 32 rows of D = M, forward + backward on one thread (CPU
+# time; the machine was shared): time of chunked / time of quadratic
+#   causal, N =     32   48   64   96  127  192  256
+#   D = M =  16   1.45 1.32 1.28 1.14 1.01 0.84 0.69
+#   D = M =  32   1.43 1.26 1.18 1.04 0.93 0.73 0.63
+#   D = M =  64   1.53 1.44 1.30 1.14 1.03 0.82 0.61
+#   D = M = 128   2.55 2.22 2.02 1.73 1.34 1.09 0.81
+#   non-causal, N = 16   32   48   64   96  127
+#   D = M =  16   1.05 1.02 0.79 0.74 0.57 0.44
+#   D = M =  32   1.24 1.03 0.83 0.75 0.59 0.57
+#   D = M =  64   1.60 1.30 1.06 0.95 0.87 0.58
+#   D = M = 128   2.68 2.27 1.89 1.62 1.29 0.95
+# so quadratic up to N = max(96, 1.5 D) causal and N = max(32, 0.75 D) without the mask,
+# whose N^2 products skip no half. (The paper's copy task, N = 127 and D = 32, runs chunked.)
+def _numba_linear(causal, shape):
+    if shape is None:                     # the caller did not say: the form for long N
+        return "chunked"
+    n, d = shape
+    longest = max(96, 3 * d // 2) if causal else max(32, 3 * d // 4)
+    return "quadratic" if n <= longest else "chunked"
+
+
+# method "auto" on each backend, as a function of causal and the queries' (N, D) (None when
+# the caller does not say)
 AUTO_METHOD = {
-    ("linear", "numpy"): lambda causal: "chunked" if causal else "linear",
-    ("linear", "numba"): lambda causal: "chunked",
-    ("linear", "cupy"): lambda causal: "chunked" if causal else "linear",
+    ("linear", "numpy"): lambda causal, shape: "chunked" if causal else "linear",
+    ("linear", "numba"): _numba_linear,
+    ("linear", "cupy"): lambda causal, shape: "chunked" if causal else "linear",
 }
 
 
-def kernel(family, method, backend, xp, causal=False):
+def kernel(family, method, backend, xp, causal=False, shape=None):
     """(module, backend name) that computes ``family`` by ``method`` on ``backend``.
 
     Parameters
@@ -96,7 +124,8 @@ def kernel(family, method, backend, xp, causal=False):
     xp : module
         numpy or cupy: the module of the (already checked) input arrays.
     causal : bool
-        Only "auto" methods depend on it.
+    shape : tuple of int, optional
+        The queries' (N, D). Only "auto" methods depend on these two.
 
     Raises ValueError for unknown names or a method the backend lacks, TypeError for arrays
     the backend cannot take, ImportError / RuntimeError when CuPy or a GPU is missing.
@@ -110,7 +139,7 @@ def kernel(family, method, backend, xp, causal=False):
     for name in _candidates(backend, xp):
         chosen = method
         if method == "auto":
-            chosen = AUTO_METHOD.get((family, name), _only_auto)(causal)
+            chosen = AUTO_METHOD.get((family, name), _only_auto)(causal, shape)
         if (family, chosen, name) in TABLE:
             return importlib.import_module(TABLE[family, chosen, name]), name
     have = sorted(m for f, m, b in TABLE if f == family and b == backend)
@@ -118,7 +147,7 @@ def kernel(family, method, backend, xp, causal=False):
                      f"{backend} runs {', '.join(have)}; use backend='numpy' for {method!r}")
 
 
-def _only_auto(causal):
+def _only_auto(causal, shape):
     return "auto"
 
 

@@ -67,7 +67,8 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
     (q, k, v), out_dtype = _checks.check_qkv(q, k, v, causal=causal)
     kw = _options(causal, eps, chunk_size)
     phi = get_feature_map(feature_map)
-    kernel, _ = dispatch.kernel("linear", method, backend, _checks.array_module(q), causal)
+    kernel, _ = dispatch.kernel("linear", method, backend, _checks.array_module(q), causal,
+                                q.shape[-2:])
     if dispatch.fuses(kernel, phi):
         out = kernel.attend(q, k, v, elu=True, **kw)
     else:
@@ -101,7 +102,8 @@ def linear_attention_backward(dout, q, k, v, *, causal=False, feature_map="elu+1
     (q, k, v, dout), out_dtype = _checks.check_qkv(q, k, v, dout, causal=causal)
     kw = _options(causal, eps, chunk_size)
     phi = get_feature_map(feature_map)
-    kernel, _ = dispatch.kernel("linear", method, backend, _checks.array_module(q), causal)
+    kernel, _ = dispatch.kernel("linear", method, backend, _checks.array_module(q), causal,
+                                q.shape[-2:])
     if dispatch.fuses(kernel, phi):
         grads = kernel.attend_backward(dout, q, k, v, elu=True, **kw)
     else:

@@ -38,11 +38,38 @@ def test_auto_method_on_numpy(causal, want):
     assert (module.__name__, backend) == (want, "numpy")
 
 
-def test_a_method_numba_lacks_runs_on_numpy_under_auto_and_is_an_error_when_asked():
+def test_a_method_numba_lacks_runs_on_numpy_under_auto_and_is_an_error_when_asked(
+        monkeypatch):
+    # Numba runs every method today: take one away
+    table = {key: name for key, name in dispatch.TABLE.items()
+             if key != ("linear", "quadratic", "numba")}
+    monkeypatch.setattr(dispatch, "TABLE", table)
     module, backend = dispatch.kernel("linear", "quadratic", "auto", np, True)
     assert (module.__name__, backend) == ("linattn.forms.quadratic", "numpy")
     with pytest.raises(ValueError, match="numba"):
         dispatch.kernel("linear", "quadratic", "numba", np, True)
+
+
+@pytest.mark.parametrize("causal, shape, want", [
+    (True, (96, 32), "quadratic"), (True, (97, 32), "chunked"), (True, (127, 32), "chunked"),
+    (True, (192, 128), "quadratic"), (True, (193, 128), "chunked"),
+    (False, (32, 16), "quadratic"), (False, (33, 16), "chunked"),
+    (False, (96, 128), "quadratic"), (False, (97, 128), "chunked"),
+    (True, None, "chunked"), (False, None, "chunked")])
+def test_auto_on_numba_is_the_kernel_matrix_for_short_sequences(causal, shape, want):
+    module, backend = dispatch.kernel("linear", "auto", "numba", np, causal, shape)
+    assert (module.__name__, backend) == ("linattn.numba_cpu." + want, "numba")
+
+def test_the_public_function_gives_auto_its_shape(monkeypatch):
+    seen = []
+    rule = dispatch.AUTO_METHOD["linear", "numba"]
+    monkeypatch.setitem(dispatch.AUTO_METHOD, ("linear", "numba"),
+                        lambda causal, shape: seen.append(shape) or rule(causal, shape))
+    q = k = v = np.ones((2, 5, 3))
+    linattn.linear_attention(q, k, v, causal=True)
+    linattn.linear_attention_backward(v, q, k, v, causal=True)
+    assert seen == [(5, 3), (5, 3)]
+
 
 
 def test_every_family_resolves_on_numpy_and_numba():

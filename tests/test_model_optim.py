@@ -52,3 +52,34 @@ def test_adam_rejects_mismatched_gradients():
     p = {"w": np.zeros(2)}
     with pytest.raises(ValueError, match="do not match"):
         adam_update(p, {"x": np.zeros(2)}, adam_init(p), AdamConfig())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("clip", [0.0, 1.0])
+def test_adam_is_its_numpy_reference(dtype, clip):
+    from linattn.model.optim import adam_update_numpy
+    rng = np.random.default_rng(3)
+    params = {"w": rng.standard_normal((4, 5)).astype(dtype),
+              "b": rng.standard_normal(5).astype(dtype)}
+    cfg = AdamConfig(lr=1e-2, warmup=2, clip=clip)
+    fast = ref = (params, adam_init(params))
+    for step in range(4):                        # the large gradients are clipped
+        grads = {n: (rng.standard_normal(a.shape) * (10 if step % 2 else 0.1)).astype(dtype)
+                 for n, a in params.items()}
+        p, s, norm = adam_update(fast[0], grads, fast[1], cfg)
+        p_ref, s_ref, norm_ref = adam_update_numpy(ref[0], grads, ref[1], cfg)
+        np.testing.assert_allclose(norm, norm_ref, rtol=1e-12)
+        assert s.step == s_ref.step == step + 1
+        for got, want in ((p, p_ref), (s.m, s_ref.m), (s.v, s_ref.v)):
+            for n in params:
+                assert got[n].dtype == dtype
+                # the same operations in the same order; clipping scales by a norm summed
+                # in another order, which may differ in its last bit
+                np.testing.assert_allclose(got[n], want[n], rtol=0 if clip == 0 else 1e-6)
+        fast, ref = (p, s), (p_ref, s_ref)
+
+
+def test_adam_rejects_gradients_of_other_parameters():
+    params = {"w": np.ones(2)}
+    with pytest.raises(ValueError, match="do not match"):
+        adam_update(params, {"v": np.ones(2)}, adam_init(params), AdamConfig())

@@ -55,6 +55,9 @@ def _train_parser():
     ap.add_argument("--out", help="output directory (default runs/TASK/ATTENTION)")
     ap.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.npz")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--path", choices=("lean", "reference"), default="lean",
+                    help="lean: compiled elementwise layers (the default); reference: the "
+                         "NumPy layers, the same numbers up to rounding, slower")
     return ap
 
 
@@ -150,14 +153,14 @@ def train_main(argv=None):
     steps = args["steps"] or (3000 if args["task"] == "copy" else 800)
     train_cfg = TrainConfig(steps=steps, batch_size=args["batch_size"],
                             seed=args["seed"], eval_every=args["eval_every"],
-                            checkpoint_every=args["checkpoint_every"])
+                            checkpoint_every=args["checkpoint_every"], path=args["path"])
     adam = AdamConfig(lr=args["lr"], warmup=args["warmup"], clip=args["clip"])
     print(f"training {cfg.attention} attention on {args['task']} "
           f"({cfg.n_layers} layers, {cfg.n_heads} heads of {cfg.d_head}, N = {task.seq_len})"
           f" -> {out}", file=sys.stderr)
     params, _ = run(cfg, task, train_cfg, adam, out_dir=out, resume=args["resume"],
                     progress=not args["quiet"], meta={"train_args": args})
-    loss, accuracy = evaluate(params, cfg, held_out_batches(task, train_cfg))
+    loss, accuracy = evaluate(params, cfg, held_out_batches(task, train_cfg), train_cfg.path)
     score = (f"{loss / np.log(2):.4f} bits/dim" if args["task"] == "digits"
              else f"loss {loss:.4f} nats/token, accuracy {accuracy:.4f}")
     print(f"held-out after {steps} steps: {score}", file=sys.stderr)

@@ -4,10 +4,17 @@ Adam (Kingma and Ba, 2015) is the optimiser the experiments of Katharopoulos et 
 arXiv:2006.16236, section 4, train with. Everything here is a pure function of its inputs:
 the same parameters, gradients and state give the same update, so training is
 deterministic given a seed and resumes exactly from a saved ``AdamState``.
+
+``adam_update`` runs each parameter's update as one compiled pass (``fused.adam_step``);
+``adam_update_numpy``, the same formulas in NumPy, is its reference: the two give the same
+numbers (tests/test_model_optim.py), the compiled one without NumPy's six temporaries an
+array.
 """
 from typing import NamedTuple
 
 import numpy as np
+
+from .fused import adam_step, sum_squares
 
 
 class AdamConfig(NamedTuple):
@@ -42,9 +49,11 @@ def learning_rate(cfg, step):
     return cfg.lr * min(1.0, (step + 1) / max(cfg.warmup, 1))
 
 
-def global_norm(grads):
-    """sqrt(sum of squares of every gradient entry), accumulated in float64."""
-    return float(np.sqrt(sum(np.sum(np.square(g, dtype=np.float64)) for g in grads.values())))
+def global_norm(grads, squares=None):
+    """sqrt(sum of squares of every gradient entry), accumulated in float64; each array's
+    sum by ``squares`` (NumPy's by default; ``adam_update`` passes ``fused.sum_squares``)."""
+    squares = squares or (lambda g: np.sum(np.square(g, dtype=np.float64)))
+    return float(np.sqrt(sum(squares(g) for g in grads.values())))
 
 
 def clip_gradients(grads, max_norm):
@@ -59,12 +68,40 @@ def clip_gradients(grads, max_norm):
     norm = global_norm(grads)
     if max_norm <= 0 or norm <= max_norm:
         return grads, norm
-    scale = max_norm / norm
+    scale = max_norm_scale(norm, max_norm)
     return {n: g * g.dtype.type(scale) for n, g in grads.items()}, norm
 
 
 def adam_update(params, grads, state, cfg):
-    """One Adam step with clipping and warm-up.
+    """One Adam step with clipping and warm-up: ``adam_update_numpy``'s numbers, each
+    parameter's update in one compiled pass. Same arguments and results."""
+    _check_names(params, grads)
+    norm = global_norm(grads, sum_squares)
+    scale = max_norm_scale(norm, cfg.clip)
+    lr = learning_rate(cfg, state.step)
+    t = state.step + 1
+    c1, c2 = 1 - cfg.beta1**t, 1 - cfg.beta2**t              # bias corrections
+    new_params, m, v = {}, {}, {}
+    for name, p in params.items():
+        new_params[name], m[name], v[name] = adam_step(
+            p, grads[name], state.m[name], state.v[name], scale, lr, cfg.beta1, cfg.beta2,
+            c1, c2, cfg.eps)
+    return new_params, AdamState(t, m, v), norm
+
+
+def max_norm_scale(norm, max_norm):
+    """The factor ``clip_gradients`` scales by: min(1, max_norm / norm), 1 if max_norm is 0."""
+    return 1.0 if max_norm <= 0 or norm <= max_norm else max_norm / norm
+
+
+def _check_names(params, grads):
+    if grads.keys() != params.keys():
+        raise ValueError(f"gradients for {sorted(set(grads) ^ set(params))} do not match "
+                         "the parameters")
+
+
+def adam_update_numpy(params, grads, state, cfg):
+    """One Adam step with clipping and warm-up, in NumPy (the reference of ``adam_update``).
 
     m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2,
     p = p - lr_t * mhat / (sqrt(vhat) + eps) with bias-corrected mhat, vhat.
@@ -81,9 +118,7 @@ def adam_update(params, grads, state, cfg):
     state : AdamState
     norm : float, the gradient norm before clipping
     """
-    if grads.keys() != params.keys():
-        raise ValueError(f"gradients for {sorted(set(grads) ^ set(params))} do not match "
-                         "the parameters")
+    _check_names(params, grads)
     grads, norm = clip_gradients(grads, cfg.clip)
     lr = learning_rate(cfg, state.step)
     t = state.step + 1

@@ -19,7 +19,7 @@ from .config import ModelConfig
 from .layers import cross_entropy
 from .optim import AdamConfig, adam_init, adam_update
 from .tasks import CopyTask, batch_rng
-from .transformer import forward, init_params, loss_and_grads
+from .transformer import forward, forward_lean, init_params, loss_and_grads
 
 # the paper's copy-task model, section 4.1: 4 layers, 8 heads of 32, up to 128 positions
 PAPER_COPY = dict(length=63, d_model=256, n_layers=4, n_heads=8, d_mlp=1024)
@@ -33,7 +33,9 @@ LOG_FIELDS = ("step", "tokens", "elapsed_s", "train_loss", "eval_loss", "eval_ac
 class TrainConfig(NamedTuple):
     """steps: total updates; batch_size: sequences per update; seed: of parameters and
     batches; eval_every, eval_batches: held-out evaluation cadence and size;
-    checkpoint_every: steps between checkpoints (and one at the end)."""
+    checkpoint_every: steps between checkpoints (and one at the end); path: how the model
+    computes, "lean" (compiled elementwise layers, kept activations) or "reference" (the
+    NumPy layers), see ``transformer.loss_and_grads``: the same numbers up to rounding."""
 
     steps: int = 3000
     batch_size: int = 32
@@ -41,13 +43,14 @@ class TrainConfig(NamedTuple):
     eval_every: int = 100
     eval_batches: int = 4
     checkpoint_every: int = 500
+    path: str = "lean"
 
 
 def train_step(params, opt_state, cfg, adam, task, train_cfg):
     """One update on batch ``opt_state.step``. Returns (params, opt_state, loss, grad norm)."""
     ids, targets, weights = task.batch(batch_rng(train_cfg.seed, opt_state.step),
                                        train_cfg.batch_size)
-    loss, grads = loss_and_grads(params, cfg, ids, targets, weights)
+    loss, grads = loss_and_grads(params, cfg, ids, targets, weights, path=train_cfg.path)
     params, opt_state, norm = adam_update(params, grads, opt_state, adam)
     return params, opt_state, loss, norm
 
@@ -61,12 +64,13 @@ def held_out_batches(task, train_cfg):
             for i in range(train_cfg.eval_batches)]
 
 
-def evaluate(params, cfg, batches):
+def evaluate(params, cfg, batches, path="lean"):
     """Teacher-forced loss (nats per counted token) and accuracy (argmax == target) over
-    ``batches`` of (ids, targets, weights), weighted by the counted tokens."""
+    ``batches`` of (ids, targets, weights), weighted by the counted tokens; the logits by
+    ``forward_lean``, or ``forward`` with path "reference"."""
     total_loss = total_correct = total_weight = 0.0
     for ids, targets, weights in batches:
-        logits, _ = forward(params, cfg, ids)
+        logits, _ = (forward_lean if path == "lean" else forward)(params, cfg, ids)
         w = weights.sum()
         total_loss += cross_entropy(logits, targets, weights) * w
         total_correct += float(((logits.argmax(axis=-1) == targets) * weights).sum())
@@ -144,7 +148,7 @@ def run(cfg, task, train_cfg, adam=AdamConfig(), out_dir=None, resume=False,
             row = [step, step * tokens_per_step, f"{offset + elapsed:.3f}", f"{loss:.6f}",
                    "", ""]
             if step % train_cfg.eval_every == 0 or step == train_cfg.steps:
-                eval_loss, eval_acc = evaluate(params, cfg, held_out)
+                eval_loss, eval_acc = evaluate(params, cfg, held_out, train_cfg.path)
                 row[4:] = f"{eval_loss:.6f}", f"{eval_acc:.6f}"
                 eval_text = f" | held-out {eval_loss:.4f} acc {eval_acc:.3f}"
             if log:

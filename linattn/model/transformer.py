@@ -11,16 +11,25 @@ the optimiser and checkpoints treat them uniformly. ``forward`` returns the logi
 ``ForwardCache`` of per-layer intermediates, which ``backward`` consumes.
 Reference: the whole-model gradient is held to central finite differences in
 tests/test_model_transformer.py.
+
+Training takes the lean path by default (``loss_and_grads(..., path="lean")``):
+``forward_lean`` and ``backward_lean`` run the blocks of ``lean`` (compiled elementwise
+layers from ``fused``, kept activations) and give the same loss and gradients up to
+rounding; ``forward`` and ``backward``, with the NumPy layers, are their reference
+(tests/test_model_lean.py).
 """
 from typing import NamedTuple
 
 import numpy as np
 
+from . import fused, lean
 from .attention import PROJECTIONS, attention, attention_backward
 from .config import check_config
 from .layers import (ACTIVATIONS, cross_entropy, cross_entropy_backward, embedding,
                      embedding_backward, layer_norm, layer_norm_backward, linear,
                      linear_backward)
+
+PATHS = ("lean", "reference")
 
 
 class BlockCache(NamedTuple):
@@ -168,6 +177,20 @@ def forward(params, cfg, ids):
     softmax, O(L B N d_model d_head) for linear, O(L B N n_hashes C d_model) plus the
     hashing for lsh.
     """
+    ids = check_ids(cfg, ids)
+    x = embed(params, cfg, ids)
+    caches = []
+    for layer in range(cfg.n_layers):
+        x, c = block(block_params(params, layer), x, cfg)
+        caches.append(c)
+    h = layer_norm(x, params["lnf_g"], params["lnf_b"])
+    logits = linear(h, params["w_out"], params["b_out"])
+    return logits, ForwardCache(ids, tuple(caches), x, h)
+
+
+def check_ids(cfg, ids):
+    """``ids`` as an integer array (B, N), N <= cfg.max_len, every id in [0, vocab_size);
+    else a ValueError naming what is wrong."""
     ids = np.asarray(ids)
     if ids.ndim != 2 or ids.dtype.kind not in "iu":
         raise ValueError(f"ids must be an integer array of shape (B, N), got {ids.dtype} "
@@ -177,14 +200,7 @@ def forward(params, cfg, ids):
     if ids.size and (ids.min() < 0 or ids.max() >= cfg.vocab_size):
         raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}), got "
                          f"[{ids.min()}, {ids.max()}]")
-    x = embed(params, cfg, ids)
-    caches = []
-    for layer in range(cfg.n_layers):
-        x, c = block(block_params(params, layer), x, cfg)
-        caches.append(c)
-    h = layer_norm(x, params["lnf_g"], params["lnf_b"])
-    logits = linear(h, params["w_out"], params["b_out"])
-    return logits, ForwardCache(ids, tuple(caches), x, h)
+    return ids
 
 
 def backward(dlogits, params, cfg, cache):
@@ -200,15 +216,62 @@ def backward(dlogits, params, cfg, cache):
     for layer in reversed(range(cfg.n_layers)):
         dx, g = block_backward(dx, block_params(params, layer), cache.blocks[layer], cfg)
         grads.update({f"block{layer}.{name}": a for name, a in g.items()})
-    (grads["tok_emb"],) = embedding_backward(dx, cache.ids, params["tok_emb"])
-    if cfg.positions == "learned":
-        n = cache.ids.shape[1]
-        grads["pos_emb"] = np.zeros_like(params["pos_emb"])
-        grads["pos_emb"][:n] = dx.sum(axis=0)             # every sequence uses rows 0..N-1
+    grads.update(embed_backward(dx, params, cfg, cache.ids, embedding_backward))
     return grads
 
 
-def loss_and_grads(params, cfg, ids, targets, weights=None):
+def embed_backward(dx, params, cfg, ids, table_backward):
+    """Gradients of ``embed``'s tables from dx (B, N, d_model): ``tok_emb`` by
+    ``table_backward`` (``layers.embedding_backward`` or its compiled twin), and
+    ``pos_emb`` if the positions are learned."""
+    (grads,) = table_backward(dx, ids, params["tok_emb"])
+    grads = {"tok_emb": grads}
+    if cfg.positions == "learned":
+        grads["pos_emb"] = np.zeros_like(params["pos_emb"])
+        grads["pos_emb"][:ids.shape[1]] = dx.sum(axis=0)  # every sequence uses rows 0..N-1
+    return grads
+
+
+class LeanCache(NamedTuple):
+    """``forward_lean``'s intermediates: token ids, each block's ``lean.LeanBlockCache``, the
+    final layer norm's saved (xhat, rstd) and its output h_out."""
+
+    ids: object
+    blocks: tuple
+    lnf: object
+    h_out: object
+
+
+def forward_lean(params, cfg, ids):
+    """``forward`` by the lean training path: the blocks of ``lean`` and the compiled layer
+    norm (``fused``), keeping what ``backward_lean`` needs. Same arguments and logits (up to
+    rounding), a ``LeanCache``; the reference is ``forward``."""
+    ids = check_ids(cfg, ids)
+    x = embed(params, cfg, ids)
+    caches = []
+    for layer in range(cfg.n_layers):
+        x, c = lean.block(block_params(params, layer), x, cfg)
+        caches.append(c)
+    h, lnf = fused.layer_norm(x, params["lnf_g"], params["lnf_b"])
+    logits = linear(h, params["w_out"], params["b_out"])
+    return logits, LeanCache(ids, tuple(caches), lnf, h)
+
+
+def backward_lean(dlogits, params, cfg, cache):
+    """Backward of ``forward_lean``: every parameter's gradient, as ``backward``'s."""
+    grads = {}
+    dh, grads["w_out"], grads["b_out"] = linear_backward(dlogits, cache.h_out,
+                                                         params["w_out"], params["b_out"])
+    dx, grads["lnf_g"], grads["lnf_b"] = fused.layer_norm_backward(dh, cache.lnf,
+                                                                   params["lnf_g"])
+    for layer in reversed(range(cfg.n_layers)):
+        dx, g = lean.block_backward(dx, block_params(params, layer), cache.blocks[layer], cfg)
+        grads.update({f"block{layer}.{name}": a for name, a in g.items()})
+    grads.update(embed_backward(dx, params, cfg, cache.ids, fused.embedding_backward))
+    return grads
+
+
+def loss_and_grads(params, cfg, ids, targets, weights=None, path="lean"):
     """Mean cross-entropy of next-token prediction and its gradient.
 
     Parameters
@@ -217,13 +280,20 @@ def loss_and_grads(params, cfg, ids, targets, weights=None):
         Inputs and the token each position must predict.
     weights : ndarray, shape (B, N), optional
         Which positions count (see ``layers.cross_entropy``).
+    path : {"lean", "reference"}
+        "lean": ``forward_lean`` and ``backward_lean`` (compiled elementwise layers, kept
+        activations); "reference": ``forward`` and ``backward``, the NumPy layers it is
+        tested against. The same loss and gradients up to rounding.
 
     Returns
     -------
     loss : float, nats per counted token
     grads : dict, shaped like params
     """
-    logits, cache = forward(params, cfg, ids)
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
+    run, run_backward = (forward_lean, backward_lean) if path == "lean" else (forward, backward)
+    logits, cache = run(params, cfg, ids)
     loss = cross_entropy(logits, targets, weights)
     (dlogits,) = cross_entropy_backward(1.0, logits, targets, weights)
-    return loss, backward(dlogits, params, cfg, cache)
+    return loss, run_backward(dlogits, params, cfg, cache)

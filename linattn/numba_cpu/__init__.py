@@ -37,4 +37,20 @@ Non-causal, the same blocks with the whole row's state: 2.0-4.2x faster than the
 1 and 8 heads, D = M = 16 to 256 (and 1.3-1.7x faster than causal up to D = M = 64 at 8
 heads; as fast beyond, where the state's products are all the work). NumPy's two products
 S = K^T [V, 1], out = Q S, which they replace, ran 2.5-3.7x slower at D = M = 64.
+Short sequences go to ``quadratic`` instead (blocks of the kernel matrix; the rule and its
+measurement are in ``dispatch.AUTO_METHOD``).
+
+The OpenMP threads of the compiled loops wait passively (``OMP_WAIT_POLICY=PASSIVE``, unless
+the environment sets it): NumPy's BLAS has threads of its own, and a model alternates the two
+(attention, then a matrix product). OpenMP workers that spin after their loop keep a core
+from BLAS: one training step of the paper's copy-task model at batch 16
+(``python -m linattn.bench.train_step``, medians of 4 rounds of 3 steps on a shared 2-core
+Xeon) took 0.37 s with libgomp's default wait (spinning a while) against 0.29-0.31 s
+passive, and 0.55-0.60 s with ``ACTIVE``.
 """
+import os
+
+# read by libgomp when Numba's OpenMP threading layer loads, at the first parallel call;
+# what the environment said before is kept for subprocesses (the benchmark's peers)
+ENVIRONMENT_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -1,0 +1,317 @@
+"""The transformer's elementwise work as compiled loops: GELU with its bias, layer norm with
+its residual add, their backward passes, the embedding's backward and Adam's update, each
+one pass over its arrays with no full-size temporaries.
+
+These are the lean training path's versions of ``layers.gelu``, ``layers.layer_norm``,
+``layers.embedding_backward`` (the pieces around the attention of Katharopoulos et al.
+(2020), arXiv:2006.16236, section 3.1) and ``optim.adam_update_numpy``, which stay the
+references they are tested against (tests/test_model_fused.py). They live beside the
+model's layers, not in ``numba_cpu``: they are no attention kernel of the dispatch table,
+and only the model and its optimiser call them.
+
+Two changes of form, not of function:
+- GELU's gate 0.5 (1 + tanh(y)), y = c (x + 0.044715 x^3), is computed as the logistic
+  sigmoid 1 / (1 + exp(-2 y)), the same number without tanh, from exp(-2 |y|) <= 1: the
+  vectorisable exp of ``numba_cpu.elu`` (its phi(t) is exp(t) for t <= 0). With s the gate,
+  gelu(x) = x s and gelu'(x) = s + 2 x s (1 - s) c (1 + 3 * 0.044715 x^2).
+- Layer norm returns what its backward needs (xhat and 1 / std), so the backward
+  recomputes nothing; GELU's backward recomputes s from its input, one exp an element.
+
+The loops run on the calling thread, in row order, so sums over rows do not depend on a
+thread count. Threads did not pay here: the step alternates these loops with NumPy's
+matrix products, whose BLAS threads keep spinning for a while after each product. One step
+of the copy-task model at batch 16 took 0.29-0.30 s with these loops parallel over rows on
+2 threads and 0.30 s on one (2-core Xeon, medians of 4 rounds), and up to 4x longer on 2
+threads while other processes ran on the machine. Float32 stays float32; no fastmath (NaN
+in gives NaN out).
+"""
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from ..numba_cpu.elu import phi
+from .layers import _GELU_C
+
+_CUBIC = 0.044715
+
+
+class Normalised(NamedTuple):
+    """What layer norm's backward needs: xhat (..., D), the normalised rows, and rstd (...),
+    1 / sqrt(var + eps) of each row."""
+
+    xhat: object
+    rstd: object
+
+
+def _as_rows(x):
+    return x.reshape(-1, x.shape[-1])
+
+
+# --- GELU ---------------------------------------------------------------------------------
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _gate(x, c, cubic, one):
+    """s = (1 + tanh(y)) / 2 = 1 / (1 + exp(-2 y)), y = c (x + cubic x^3): the GELU gate."""
+    y = c * (x + cubic * x * x * x)
+    e = phi(-(y + y) if y >= 0 else y + y)                 # exp(-2 |y|), in (0, 1]
+    return (one if y >= 0 else e) / (one + e)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _gelu_grad(x, c, cubic, one):
+    """gelu'(x) = s + x ds/dx, ds/dx = 2 s (1 - s) c (1 + 3 cubic x^2)."""
+    s = _gate(x, c, cubic, one)
+    two, three = one + one, one + one + one                # in x's type: float32 stays
+    return s + x * (two * s * (one - s) * c * (one + three * cubic * x * x))
+
+
+# The element loops take each row as an argument: LLVM vectorises them then, and a loop
+# that writes into an array aliasing one it reads would not be (6x slower).
+@njit(cache=True, error_model="numpy")
+def _bias_gelu_row(u, b, g):
+    """u += b and g = gelu(u), over one row."""
+    c, cubic, one = u.dtype.type(_GELU_C), u.dtype.type(_CUBIC), u.dtype.type(1)
+    for j in range(u.size):
+        x = u[j] + b[j]
+        u[j] = x
+        g[j] = x * _gate(x, c, cubic, one)
+
+
+@njit(cache=True, error_model="numpy")
+def _bias_gelu(u, b, g):
+    for i in range(u.shape[0]):
+        _bias_gelu_row(u[i], b, g[i])
+
+
+def bias_gelu(u, b):
+    """u + b and GELU of it, tanh form (``layers.gelu``): the MLP's hidden layer after its
+    matrix product.
+
+    Parameters
+    ----------
+    u : ndarray, shape (..., F), C-contiguous
+        h W1, overwritten with u + b (the pre-activation the backward needs).
+    b : ndarray, shape (F,)
+
+    Returns
+    -------
+    g : ndarray, shape (..., F), gelu(u + b)
+
+    Cost: O(size(u)), one exp an element.
+    """
+    if not u.flags.c_contiguous:
+        raise ValueError("bias_gelu overwrites u in place: u must be C-contiguous")
+    g = np.empty_like(u)
+    _bias_gelu(_as_rows(u), b, _as_rows(g))
+    return g
+
+
+@njit(cache=True, error_model="numpy")
+def _times_gelu_grad_row(d, x):
+    """d *= gelu'(x) over one row, in place."""
+    c, cubic, one = x.dtype.type(_GELU_C), x.dtype.type(_CUBIC), x.dtype.type(1)
+    for j in range(x.size):
+        d[j] *= _gelu_grad(x[j], c, cubic, one)
+
+
+@njit(cache=True, error_model="numpy")
+def _times_gelu_grad(d, x):
+    for i in range(x.shape[0]):
+        _times_gelu_grad_row(d[i], x[i])
+
+
+def gelu_backward(dy, x, overwrite=False):
+    """Gradient of GELU (``layers.gelu_backward``): dy * gelu'(x), in a new array, or in dy
+    itself if ``overwrite`` (and dy is C-contiguous). Returns (dx,). Cost: O(size(x)), one
+    exp an element."""
+    dx = dy if overwrite and dy.flags.c_contiguous else np.array(dy, order="C")
+    _times_gelu_grad(_as_rows(dx), _as_rows(x))
+    return (dx,)
+
+
+# --- layer norm ---------------------------------------------------------------------------
+
+@njit(cache=True, error_model="numpy")
+def _normalise_row(s, g, b, eps, y, xhat):
+    """xhat = (s - mean) / sqrt(var + eps), y = xhat g + b over one row; returns rstd.
+    Two passes, mean then variance, as ``layers._normalise``."""
+    n, one = s.dtype.type(s.size), s.dtype.type(1)          # float32 stays float32
+    total = s.dtype.type(0)
+    for j in range(s.size):
+        total += s[j]
+    mu = total / n
+    sq = s.dtype.type(0)
+    for j in range(s.size):
+        sq += (s[j] - mu) * (s[j] - mu)
+    rstd = one / np.sqrt(sq / n + eps)
+    for j in range(s.size):
+        xh = (s[j] - mu) * rstd
+        xhat[j] = xh
+        y[j] = xh * g[j] + b[j]
+    return rstd
+
+
+@njit(cache=True, error_model="numpy")
+def _add_layer_norm(x, a, bias, g, b, eps, s, y, xhat, rstd):
+    """s = x + a + bias (if a has rows; else s is x), then its layer norm, row by row."""
+    for i in range(x.shape[0]):
+        if a.shape[0]:
+            for j in range(x.shape[1]):
+                s[i, j] = x[i, j] + a[i, j] + bias[j]       # the residual add
+        rstd[i] = _normalise_row(s[i], g, b, eps, y[i], xhat[i])
+
+
+def _layer_norm(x, a, bias, g, b, eps):
+    rows = _as_rows(x)
+    s = rows if a is None else np.empty_like(rows)
+    y, xhat, rstd = np.empty_like(rows), np.empty_like(rows), np.empty(len(rows), rows.dtype)
+    a_rows = np.empty((0, rows.shape[1]), rows.dtype) if a is None else _as_rows(a)
+    bias = np.zeros(rows.shape[1], rows.dtype) if bias is None else bias
+    _add_layer_norm(rows, a_rows, bias, g, b, rows.dtype.type(eps), s, y, xhat, rstd)
+    shape = x.shape
+    return (s.reshape(shape), y.reshape(shape),
+            Normalised(xhat.reshape(shape), rstd.reshape(shape[:-1])))
+
+
+def layer_norm(x, g, b, eps=1e-5):
+    """``layers.layer_norm`` that also returns what its backward needs.
+
+    Parameters
+    ----------
+    x : ndarray, shape (..., D), C-contiguous
+    g, b : ndarray, shape (D,)
+
+    Returns
+    -------
+    y : ndarray, shape (..., D)
+    saved : Normalised, (xhat (..., D), rstd (...))
+
+    Cost: O(size(x)).
+    """
+    return _layer_norm(x, None, None, g, b, eps)[1:]
+
+
+def add_layer_norm(x, a, bias, g, b, eps=1e-5):
+    """The residual add and the next layer norm in one pass: s = x + a + bias, y = LN(s).
+
+    Parameters
+    ----------
+    x, a : ndarray, shape (..., D), C-contiguous
+        The residual stream and a branch's output (before its bias).
+    bias, g, b : ndarray, shape (D,)
+
+    Returns
+    -------
+    s : ndarray, shape (..., D), the new residual stream
+    y : ndarray, shape (..., D), LN(s)
+    saved : Normalised
+
+    Cost: O(size(x)).
+    """
+    return _layer_norm(x, a, bias, g, b, eps)
+
+
+@njit(cache=True, error_model="numpy")
+def _layer_norm_backward(dy, xhat, rstd, g, residual, dx, dg, db):
+    """dx (plus ``residual`` if it has rows), and dg += dy xhat, db += dy over the rows."""
+    width = dy.shape[1]
+    n = dy.dtype.type(width)
+    for i in range(dy.shape[0]):
+        s1 = s2 = dy.dtype.type(0)
+        for j in range(width):
+            dxh = dy[i, j] * g[j]                          # dxhat
+            s1 += dxh
+            s2 += dxh * xhat[i, j]
+            dg[j] += dy[i, j] * xhat[i, j]
+            db[j] += dy[i, j]
+        m1, m2 = s1 / n, s2 / n                            # mean(dxhat), mean(dxhat xhat)
+        for j in range(width):
+            dx[i, j] = rstd[i] * (dy[i, j] * g[j] - m1 - xhat[i, j] * m2)
+        if residual.shape[0]:
+            for j in range(width):
+                dx[i, j] += residual[i, j]                 # the skip connection's gradient
+
+
+def layer_norm_backward(dy, saved, g, residual=None):
+    """Gradients of ``layer_norm`` (``layers.layer_norm_backward``) from its saved xhat and
+    rstd: dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = dy g; with
+    ``residual`` (a gradient reaching x by a skip connection) dx + residual.
+
+    Returns
+    -------
+    dx : ndarray, shaped as dy
+    dg, db : ndarray, shape (D,)
+
+    Cost: O(size(dy)).
+    """
+    rows, width = _as_rows(dy), dy.shape[-1]
+    dg, db, dx = np.zeros(width, dy.dtype), np.zeros(width, dy.dtype), np.empty_like(rows)
+    res = np.empty((0, width), dy.dtype) if residual is None else _as_rows(residual)
+    _layer_norm_backward(rows, _as_rows(saved.xhat), saved.rstd.reshape(-1), g, res, dx, dg,
+                         db)
+    return dx.reshape(dy.shape), dg, db
+
+
+# --- embedding ----------------------------------------------------------------------------
+
+@njit(cache=True, error_model="numpy")
+def _scatter_add(ids, dout, dtable):
+    for r in range(ids.size):
+        row = dtable[ids[r]]
+        for j in range(row.size):
+            row[j] += dout[r, j]
+
+
+def embedding_backward(dout, ids, table):
+    """``layers.embedding_backward`` by one loop over the positions, in order: dtable[ids[r]]
+    += dout[r]. Returns (dtable,). Cost: O(size(dout) + size(table))."""
+    dtable = np.zeros_like(table)
+    _scatter_add(ids.reshape(-1), _as_rows(dout), dtable)
+    return (dtable,)
+
+
+# --- Adam ---------------------------------------------------------------------------------
+
+@njit(cache=True, error_model="numpy")
+def _sum_squares(x):
+    """Four interleaved float64 sums: one chain of adds would wait on each add's latency."""
+    s0 = s1 = s2 = s3 = 0.0
+    n4 = x.size - x.size % 4
+    for i in range(0, n4, 4):
+        s0 += np.float64(x[i]) * np.float64(x[i])
+        s1 += np.float64(x[i + 1]) * np.float64(x[i + 1])
+        s2 += np.float64(x[i + 2]) * np.float64(x[i + 2])
+        s3 += np.float64(x[i + 3]) * np.float64(x[i + 3])
+    for i in range(n4, x.size):
+        s0 += np.float64(x[i]) * np.float64(x[i])
+    return (s0 + s1) + (s2 + s3)
+
+
+def sum_squares(x):
+    """sum of x^2 over every element, accumulated in float64 (``optim.global_norm``'s
+    terms). Cost: O(size(x))."""
+    return _sum_squares(x.reshape(-1))
+
+
+@njit(cache=True, error_model="numpy")
+def _adam(p, g, m, v, scale, lr, b1, one_b1, b2, one_b2, c1, c2, eps, p_new, m_new, v_new):
+    """The operations of ``optim.adam_update_numpy`` in its order, element by element."""
+    for i in range(p.size):
+        gi = g[i] * scale                                   # clipped
+        mi = b1 * m[i] + one_b1 * gi                        # first moment
+        vi = b2 * v[i] + one_b2 * gi * gi                   # second moment
+        m_new[i], v_new[i] = mi, vi
+        p_new[i] = p[i] - lr * (mi / c1) / (np.sqrt(vi / c2) + eps)
+
+
+def adam_step(p, g, m, v, scale, lr, beta1, beta2, c1, c2, eps):
+    """One parameter's Adam update with its gradient scaled by ``scale`` (clipping):
+    returns new (p, m, v), the same numbers as ``optim.adam_update_numpy`` computes, in one
+    pass. Cost: O(size(p))."""
+    t = p.dtype.type
+    p_new, m_new, v_new = np.empty_like(p), np.empty_like(m), np.empty_like(v)
+    _adam(p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1), t(scale), t(lr),
+          t(beta1), t(1 - beta1), t(beta2), t(1 - beta2), t(c1), t(c2), t(eps),
+          p_new.reshape(-1), m_new.reshape(-1), v_new.reshape(-1))
+    return p_new, m_new, v_new

@@ -1,0 +1,219 @@
+"""``method="quadratic"`` on the Numba backend: linear attention through the (masked) kernel
+matrix A = phi(Q) phi(K)^T, the left side of Eq. (6) (Eq. 4 non-causal, Eq. 8 causal) of
+Katharopoulos et al. (2020), arXiv:2006.16236, a block of query rows at a time.
+
+For a block of C queries, i in [i0, i1), and the keys it sees, j < j1 (j1 = i1 causal, every
+key otherwise):
+    A = phi_q phi_k^T  (C, j1),  zero where j > i if causal          Eq. (4) / (8)
+    out_i = sum_j A_ij v_j / den_i,   den_i = sum_j A_ij + eps.
+Backward, with dnum = dout / den and dden_i = -dout_i . out_i / den_i:
+    dA = dnum v^T + dden (masked as A),   dphi_q = dA phi_k,
+    dphi_k += dA^T phi_q,                 dv += A^T dnum.
+Every product is one BLAS call on the block (``blas.gemm``), and the blocks never hold more
+than C x N numbers, not the N x N matrix; causal, the keys after a block are never touched,
+which halves the work. Its cost, O(N^2 (F + M)) against the blocked kernel's
+O(N F M + N C (F + M)) (``chunked``), is the cheaper one for short sequences and wide heads;
+``dispatch.AUTO_METHOD`` holds the measured crossover. With ``elu`` the kernels take raw q
+and k and apply elu+1 (Eq. 7) as they load them, and its derivative to the gradients.
+Inputs may have any strides (a block's rows are copied into a contiguous array as they are
+loaded), so heads split from one projection are read in place.
+Oracle: ``forms.quadratic`` (NumPy), the same matrix made whole.
+"""
+import numpy as np
+from numba import njit, prange
+
+from . import elu as elu_map
+from .blas import gemm
+from .chunked import SINGLE_THREAD_PRODUCT
+from ..feature_maps import EluPlusOne
+
+FUSED_FEATURE_MAPS = (EluPlusOne,)  # applied by the kernel itself to raw q, k (elu=True)
+# query rows per block, measured at N = 127, float32, 16 rows on one thread of a 2-core Xeon
+# (forward + backward, CPU ms): D = M = 32: C = 16 1.22, 32 1.22, 64 1.26, 128 1.58;
+# D = M = 64: 2.30, 2.27, 2.49 (128: over SINGLE_THREAD_PRODUCT, see ``block_length``)
+DEFAULT_BLOCK = 32
+
+
+def block_length(n_keys, d, m, block=DEFAULT_BLOCK):
+    """Query rows per block: ``block``, or fewer for long rows, so that each product
+    (C x N x max(D, M)) stays on the calling thread (see ``chunked.SINGLE_THREAD_PRODUCT``)."""
+    c = block
+    while c > 1 and c * n_keys * max(d, m) >= SINGLE_THREAD_PRODUCT:
+        c //= 2
+    return c
+
+
+@njit(cache=True, error_model="numpy")
+def _scores(phi_q, phi_k, causal, i0):
+    """A = phi_q phi_k^T (C, J), and with ``causal`` zero where key j comes after query
+    i0 + i (assigned, not multiplied: 0 * NaN would be NaN)."""
+    c, n = phi_q.shape[0], phi_k.shape[0]
+    a = np.empty((c, n), dtype=phi_q.dtype)
+    gemm(phi_q, phi_k.T, a, 0)
+    if causal:
+        zero = a.dtype.type(0)
+        for i in range(c):
+            for j in range(i0 + i + 1, n):
+                a[i, j] = zero
+    return a
+
+
+@njit(cache=True, error_model="numpy")
+def _normalise(a, num, eps):
+    """den_i = sum_j A_ij + eps (C,); num /= den row by row, in place: num becomes out."""
+    den = np.empty(a.shape[0], dtype=a.dtype)
+    for i in range(a.shape[0]):
+        s = eps
+        for j in range(a.shape[1]):
+            s += a[i, j]                                   # Eq. (4): the normaliser
+        den[i] = s
+        for m in range(num.shape[1]):
+            num[i, m] /= s
+    return den
+
+
+@njit(cache=True, error_model="numpy")
+def _rows(x, a, b, i0, i1):
+    """x[a, b, i0:i1] copied into a C-contiguous (C, W) array, as BLAS takes it, whatever
+    x's strides."""
+    rows = x[a, b, i0:i1]
+    block = np.empty(rows.shape, dtype=x.dtype)
+    for i in range(rows.shape[0]):
+        for f in range(rows.shape[1]):
+            block[i, f] = rows[i, f]
+    return block
+
+
+@njit(cache=True, error_model="numpy")
+def _features(raw, elu):
+    """phi(raw) (Eq. 7) in a new array if ``elu``, else raw itself. (A separate output: a
+    loop writing into the array it reads does not vectorise.)"""
+    if not elu:
+        return raw
+    phi = np.empty_like(raw)
+    elu_map.phi_into(raw.reshape(raw.size), phi.reshape(phi.size))
+    return phi
+
+
+@njit(cache=True, error_model="numpy")
+def _chain_elu(grad, raw, phi, elu):
+    """With ``elu``, grad *= d phi / dx (1 where raw > 0, else exp(raw) = phi) in place: the
+    gradient with respect to the features becomes that to the raw rows."""
+    if not elu:
+        return
+    one = grad.dtype.type(1)
+    for i in range(grad.shape[0]):
+        for f in range(grad.shape[1]):
+            grad[i, f] *= one if raw[i, f] > 0 else phi[i, f]      # NaN raw: NaN phi
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _forward(x_q, x_k, v, causal, eps, elu, block, out):
+    """out (A, B, Nq, M) for x_q (A, B, Nq, D), x_k (A, B, Nk, D), v (A, B, Nk, M), any
+    strides: one row (a, b) (batch x head) per thread at a time, its queries in blocks of
+    ``block``."""
+    n_q, n_k, lead = x_q.shape[2], x_k.shape[2], x_q.shape[1]
+    for r in prange(x_q.shape[0] * lead):
+        a, b = np.int64(r) // lead, np.int64(r) % lead    # prange counts unsigned
+        phi_k, v_r = _features(_rows(x_k, a, b, 0, n_k), elu), _rows(v, a, b, 0, n_k)
+        for i0 in range(0, n_q, block):
+            i1 = min(n_q, i0 + block)
+            j1 = i1 if causal else n_k                     # the keys the block sees
+            out_b = np.zeros((i1 - i0, v.shape[3]), dtype=v.dtype)
+            if j1 > 0:                                     # (no keys: 0 / eps)
+                phi_q = _features(_rows(x_q, a, b, i0, i1), elu)     # (C, D)
+                scores = _scores(phi_q, phi_k[:j1], causal, i0)      # A, (C, j1)
+                gemm(scores, v_r[:j1], out_b, 0)           # numerator, (C, M)
+                _normalise(scores, out_b, eps)
+            out[a, b, i0:i1] = out_b
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _backward(x_q, x_k, v, dout, causal, eps, elu, block, dq, dk, dv):
+    """dq, dk, dv for 4-D arrays as ``_forward``'s (the feature gradients without ``elu``):
+    each block of queries writes its dphi_q and adds its share of dphi_k and dv."""
+    n_q, n_k, lead = x_q.shape[2], x_k.shape[2], x_q.shape[1]
+    for r in prange(x_q.shape[0] * lead):
+        a, b = np.int64(r) // lead, np.int64(r) % lead
+        k_r, v_r = _rows(x_k, a, b, 0, n_k), _rows(v, a, b, 0, n_k)
+        phi_k = _features(k_r, elu)
+        dk_r, dv_r = np.zeros_like(phi_k), np.zeros_like(v_r)
+        for i0 in range(0, n_q, block):
+            i1 = min(n_q, i0 + block)
+            j1 = i1 if causal else n_k
+            dq_b = np.zeros((i1 - i0, x_q.shape[3]), dtype=dq.dtype)
+            if j1 > 0:
+                q_b = _rows(x_q, a, b, i0, i1)
+                phi_q = _features(q_b, elu)
+                _block_backward(phi_q, phi_k[:j1], v_r[:j1], _rows(dout, a, b, i0, i1),
+                                causal, i0, eps, dq_b, dk_r[:j1], dv_r[:j1])
+                _chain_elu(dq_b, q_b, phi_q, elu)
+            dq[a, b, i0:i1] = dq_b
+        _chain_elu(dk_r, k_r, phi_k, elu)
+        dk[a, b] = dk_r
+        dv[a, b] = dv_r
+
+
+@njit(cache=True, error_model="numpy")
+def _block_backward(phi_q, phi_k, v, dout, causal, i0, eps, dq, dk, dv):
+    """One block of queries: dq = dphi_q, and its shares dk += dphi_k, dv += dv."""
+    scores = _scores(phi_q, phi_k, causal, i0)             # A
+    out = np.empty((phi_q.shape[0], v.shape[1]), dtype=v.dtype)
+    gemm(scores, v, out, 0)
+    den = _normalise(scores, out, eps)                     # out is now out
+    dnum = np.empty_like(out)
+    da = np.empty_like(scores)
+    for i in range(out.shape[0]):
+        dden = v.dtype.type(0)
+        for m in range(out.shape[1]):
+            dnum[i, m] = dout[i, m] / den[i]               # d out / d num
+            dden -= dnum[i, m] * out[i, m]                 # d out / d den
+        da[i, :] = dden
+    gemm(dnum, v.T, da, 1)                                 # dA = dnum v^T + dden
+    if causal:
+        for i in range(out.shape[0]):
+            da[i, i0 + i + 1:] = 0                         # A's mask
+    gemm(scores.T, dnum, dv, 1)                            # dv += A^T dnum
+    gemm(da, phi_k, dq, 0)                                 # dphi_q = dA phi_k
+    gemm(da.T, phi_q, dk, 1)                               # dphi_k += dA^T phi_q
+
+
+def _four_d(x):
+    """x (..., N, W) as (A, B, N, W): a view for up to two leading axes (the model's batch
+    and heads, whatever their strides), merged into A beyond."""
+    if x.ndim <= 4:
+        return x.reshape((1,) * (4 - x.ndim) + x.shape)
+    return x.reshape(-1, *x.shape[-3:])
+
+
+def _block_length(phi_q, phi_k, v):
+    return block_length(phi_k.shape[-2], phi_q.shape[-1], v.shape[-1])
+
+
+def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=None, elu=False):
+    """Normalised linear attention, Eq. (4) / (8), by blocks of the kernel matrix.
+    Shapes (..., Nq, F), (..., Nk, F), (..., Nk, M) -> (..., Nq, M), any strides (no copies
+    up to two leading axes); raw q, k with ``elu``. ``chunk_size`` is ignored. The output
+    is laid out as phi_q is (``numpy.empty_like``): heads split from one array merge back
+    without a copy.
+
+    Cost: O(Nq Nk (F + M)) time (half of it causal), O(C Nk) memory per thread.
+    """
+    out = np.empty_like(phi_q, shape=(*phi_q.shape[:-1], v.shape[-1]), dtype=v.dtype)
+    _forward(_four_d(phi_q), _four_d(phi_k), _four_d(v), causal, v.dtype.type(eps), elu,
+             _block_length(phi_q, phi_k, v), _four_d(out))
+    return out
+
+
+def attend_backward(dout, phi_q, phi_k, v, *, causal, eps, chunk_size=None, elu=False):
+    """Backward of ``attend``: (dphi_q, dphi_k, dv), or (dq, dk, dv) with ``elu``, each laid
+    out as its input.
+
+    Cost: about 2.5 forwards (five products a block against two), O(C Nk) memory per thread
+    beyond the gradients.
+    """
+    dq, dk, dv = np.empty_like(phi_q), np.empty_like(phi_k), np.empty_like(v)
+    _backward(_four_d(phi_q), _four_d(phi_k), _four_d(v), _four_d(dout), causal,
+              v.dtype.type(eps), elu, _block_length(phi_q, phi_k, v), _four_d(dq),
+              _four_d(dk), _four_d(dv))
+    return dq, dk, dv
