@@ -32,6 +32,7 @@ import sys
 import numpy as np
 
 from . import timing
+from .. import numba_cpu
 from ..model.optim import AdamConfig, adam_init, adam_update
 from ..model.tasks import batch_rng
 from ..model.train import PAPER_COPY, copy_setup
@@ -99,7 +100,7 @@ class Peer:
 
     def __init__(self, cfg, model_cfg, batches):
         self.proc = subprocess.Popen([cfg.peer_python, PEER], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=peer_environment())
+                                     stdout=subprocess.PIPE, text=True, env=numba_cpu.user_environment())
         config = {"threads": cfg.threads, "vocab_size": model_cfg.vocab_size,
                   "max_len": model_cfg.max_len, "d_model": model_cfg.d_model,
                   "n_layers": model_cfg.n_layers, "n_heads": model_cfg.n_heads,
@@ -122,18 +123,6 @@ class Peer:
     def close(self):
         self.proc.stdin.close()
         self.proc.wait()
-
-
-def peer_environment():
-    """This process's environment as it was before linattn set OpenMP's wait policy for its
-    own threads (``numba_cpu``): the peer's OpenMP runs as its users have it."""
-    from .. import numba_cpu
-    env = dict(os.environ)
-    if numba_cpu.ENVIRONMENT_WAIT_POLICY is None:
-        env.pop("OMP_WAIT_POLICY", None)
-    else:
-        env["OMP_WAIT_POLICY"] = numba_cpu.ENVIRONMENT_WAIT_POLICY
-    return env
 
 
 def start_peer(cfg, model_cfg, batches):
