@@ -5,20 +5,21 @@ answer fails its check with an AssertionError.
 The solutions and checks live in ``notebooks/solutions/NN_name.py``; the notebooks load
 them by ``importlib.import_module("solutions.NN_name")``.
 """
-import importlib.util
+import importlib
 import pathlib
+import sys
 
 import numpy as np
 import pytest
 
-SOLUTIONS = pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "solutions"
+NOTEBOOKS = pathlib.Path(__file__).resolve().parents[1] / "notebooks"
 
 
 def load(stem):
-    spec = importlib.util.spec_from_file_location(f"solutions_{stem}", SOLUTIONS / f"{stem}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The module ``solutions.<stem>``, imported as the notebooks import it."""
+    if str(NOTEBOOKS) not in sys.path:
+        sys.path.insert(0, str(NOTEBOOKS))
+    return importlib.import_module(f"solutions.{stem}")
 
 
 nb01 = load("01_softmax_attention")

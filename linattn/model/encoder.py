@@ -22,7 +22,7 @@ import numpy as np
 
 from .config import check_config
 from .layers import layer_norm, layer_norm_backward, linear, linear_backward
-from .transformer import (block, block_backward, block_params, init_block,
+from .transformer import (block, block_backward, block_params, init_blocks_and_head,
                           sinusoidal_positions)
 
 
@@ -54,12 +54,7 @@ def init_params(cfg, n_inputs, seed=0):
         return (rng.standard_normal(shape) * std).astype(cfg.dtype)
 
     params = {"w_in": normal((n_inputs, d), n_inputs**-0.5), "b_in": np.zeros(d, cfg.dtype)}
-    for layer in range(cfg.n_layers):
-        p = init_block(normal, cfg)
-        params.update({f"block{layer}.{name}": a.astype(cfg.dtype) for name, a in p.items()})
-    params.update({"lnf_g": np.ones(d, cfg.dtype), "lnf_b": np.zeros(d, cfg.dtype),
-                   "w_out": normal((d, c), d**-0.5), "b_out": np.zeros(c, cfg.dtype)})
-    return params
+    return {**params, **init_blocks_and_head(normal, cfg, c)}
 
 
 def forward(params, cfg, features, lengths):

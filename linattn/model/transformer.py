@@ -81,11 +81,20 @@ def init_params(cfg, seed=0):
     params = {"tok_emb": normal((v, d), 1.0)}
     if cfg.positions == "learned":
         params["pos_emb"] = normal((cfg.max_len, d), 1.0)
+    return {**params, **init_blocks_and_head(normal, cfg, v)}
+
+
+def init_blocks_and_head(normal, cfg, n_out):
+    """Every block's parameters (``block{l}.*``, from ``init_block``), the final layer norm
+    (``lnf_g``, ``lnf_b``) and the output projection to ``n_out`` classes (``w_out``
+    (d_model, n_out) with std 1/sqrt(d_model), ``b_out``): what the decoder of
+    ``init_params`` and the speech encoder share."""
+    d, params = cfg.d_model, {}
     for layer in range(cfg.n_layers):
         p = init_block(normal, cfg)
         params.update({f"block{layer}.{name}": a.astype(cfg.dtype) for name, a in p.items()})
     params.update({"lnf_g": np.ones(d, cfg.dtype), "lnf_b": np.zeros(d, cfg.dtype),
-                   "w_out": normal((d, v), d**-0.5), "b_out": np.zeros(v, cfg.dtype)})
+                   "w_out": normal((d, n_out), d**-0.5), "b_out": np.zeros(n_out, cfg.dtype)})
     return params
 
 

@@ -9,17 +9,8 @@ import numpy as np
 import linattn
 from linattn.bench.timing import peak_bytes
 
+from ._exercises import report as _report
 
-def _report(exercise, check, answer):
-    """Run ``check(answer)`` and print the verdict: an answer still raising
-    NotImplementedError is not attempted yet; a wrong one raises AssertionError."""
-    try:
-        check(answer)
-    except NotImplementedError:
-        print(f"Exercise {exercise}: not attempted yet (your answer raises "
-              "NotImplementedError or is None); write it and rerun the cell.")
-    else:
-        print(f"Exercise {exercise}: correct")
 
 
 # ---- Exercise 1: the slopes of causal softmax attention ------------------------------------

@@ -16,6 +16,10 @@ import numpy as np
 from linattn.model.layers import cross_entropy, cross_entropy_backward
 from linattn.model.optim import AdamConfig, adam_init, adam_update
 
+from ._exercises import attempter
+
+_attempt = attempter(__file__)
+
 
 def cross_entropy_grad(logits, targets, weights):
     """Exercise 1: d loss / d logits for loss = sum_t w_t (-log softmax(logits_t)[y_t]) /
@@ -40,14 +44,6 @@ def crossover_tokens(n_heads, d_head):
     state, H (d^2 + d) numbers: t > (d + 1) / 2."""
     return (d_head + 1) // 2 + 1
 
-
-def _attempt(number, fn, *args):
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        print(f"exercise {number}: not written yet (a solution is in "
-              f"notebooks/solutions/07_training_a_linear_transformer.py)")
-        return None
 
 
 def check_exercise_1(fn):
