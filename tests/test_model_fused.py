@@ -120,6 +120,29 @@ def test_layer_norm_float32_and_nan():
                                rtol=1e-5, atol=1e-5)
 
 
+@given(b=st.integers(1, 3), n=st.integers(1, 9), parts=st.integers(1, 3),
+       heads=st.integers(1, 4), width=st.integers(1, 5),
+       dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**32 - 1))
+def test_split_and_merge_heads_are_numpys_copies(b, n, parts, heads, width, dtype, seed):
+    """split_heads is (proj + bias) reshaped and transposed to (P, B, H, N, d_head), as
+    ``attention.split_heads`` does per part, and merge_heads puts parts back side by side;
+    both exactly (copies and one add)."""
+    from linattn.model.attention import merge_heads as merge_one
+    rng = np.random.default_rng(seed)
+    d = heads * width
+    proj = rng.standard_normal((b * n, parts * d)).astype(dtype)
+    bias = rng.standard_normal(parts * d).astype(dtype)
+    got = fused.split_heads(proj, bias, n, parts, heads)
+    want = (proj + bias).reshape(b, n, parts, heads, width).transpose(2, 0, 3, 1, 4)
+    assert got.shape == want.shape and got.dtype == dtype and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, want)
+    split = [rng.standard_normal((b, heads, n, width)).astype(dtype) for _ in range(parts)]
+    split[0] = split[0].transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3)    # any strides
+    np.testing.assert_array_equal(
+        fused.merge_heads(*split),
+        np.concatenate([merge_one(x).reshape(b * n, d) for x in split], axis=1))
+
+
 def test_embedding_backward_is_the_reference():
     rng = np.random.default_rng(6)
     ids = rng.integers(0, 5, (3, 11))                    # repeated ids accumulate

@@ -306,14 +306,3 @@ def test_lsh_float32_stays_float32_inside_the_loops():
     assert not float64_in_ir(lsh._add_unit_keys_backward, x, x, x, stats[2])
     rotations_t = np.ones((1, 3, 4), np.float32)
     assert not float64_in_ir(lsh_hash.buckets, x, rotations_t, np.empty((1, 2, 40), np.int64))
-
-
-@pytest.mark.parametrize("before", [None, "ACTIVE"])
-def test_user_environment_is_the_environment_before_the_wait_policy(monkeypatch, before):
-    """The peers' subprocesses get OpenMP's wait policy as the user had it, not ours."""
-    from linattn import numba_cpu
-    monkeypatch.setattr(numba_cpu, "ENVIRONMENT_WAIT_POLICY", before)
-    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
-    env = numba_cpu.user_environment(EXTRA="1")
-    assert env.get("OMP_WAIT_POLICY") == before
-    assert env["EXTRA"] == "1" and env["PATH"] == os.environ["PATH"]

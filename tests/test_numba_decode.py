@@ -110,3 +110,28 @@ def test_cache_attend_nan_in_a_query_gives_nan_in_its_head_only():
     heads, scores = np.empty((8, 1)), np.empty(6)
     kernels.cache_attend(qkv, 3, keys_t, values, 0.5, scores, heads)
     assert np.isnan(heads[:4]).all() and np.isfinite(heads[4:]).all()
+
+
+@given(n=st.integers(1, 40), k=st.integers(1, 40), b=st.integers(1, 3),
+       transposed=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_product_is_the_matrix_product(n, k, b, transposed, seed):
+    """``product`` splits w's rows into blocks, one BLAS call each: w x, for odd sizes, one
+    row (an empty block), and x given as a transposed (F-ordered) array."""
+    rng = np.random.default_rng(seed)
+    w = _normal(rng, (n, k))
+    x = _normal(rng, (b, k)).T if transposed else _normal(rng, (k, b))
+    out = np.full((n, b), np.nan)                # every entry is written
+    kernels.product(w, x, out)
+    np.testing.assert_allclose(out, w @ x, rtol=1e-12, atol=1e-12)
+
+
+def test_product_in_float32_and_nan():
+    rng = np.random.default_rng(3)
+    w, x = _normal(rng, (1024, 256), np.float32), _normal(rng, (256, 1), np.float32)
+    x[5] = np.nan
+    out = np.empty((1024, 1), np.float32)
+    kernels.product(w, x, out)
+    assert out.dtype == np.float32 and np.isnan(out).all()
+    x[5] = 0
+    kernels.product(w, x, out)
+    np.testing.assert_allclose(out, (w.astype(np.float64) @ x), rtol=1e-4, atol=1e-4)

@@ -32,7 +32,7 @@ import numpy as np
 from tqdm import tqdm
 
 from . import cases, report, timing
-from .. import numba_cpu
+from .._environment import user_environment
 
 
 def parse(argv):
@@ -181,7 +181,7 @@ def _peers(cfg, config):
     # a fixed mmap threshold: glibc then returns every large array to the system when it is
     # freed, so that the peers' peak resident memory (timing.peak_rss_bytes) follows what
     # they hold instead of what glibc kept from earlier calls
-    env = numba_cpu.user_environment(MALLOC_MMAP_THRESHOLD_=str(1 << 17))
+    env = user_environment(MALLOC_MMAP_THRESHOLD_=str(1 << 17))
     run = subprocess.run([cfg.peer_python, os.path.join(os.path.dirname(__file__), "peers.py"),
                           json.dumps(config)], capture_output=True, text=True, env=env)
     if run.returncode != 0:

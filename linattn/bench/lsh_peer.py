@@ -89,13 +89,13 @@ def ours_seconds(config, n):
 
 def head_to_head(config, peer_python, turns):
     """{side: [one dict of seconds per turn]}, linattn then pft in each turn."""
-    from .. import numba_cpu        # here, not at the top: the peer's side has no linattn
+    from .._environment import user_environment  # here, not at the top: the peer's side has no linattn
     script = os.path.abspath(__file__)
     sides = {"linattn": [], "pft": []}
     for _ in range(turns):
         sides["linattn"].append(ours_seconds(config, config["n"]))
         run = subprocess.run([peer_python, script, json.dumps(config)], capture_output=True,
-                             text=True, check=True, env=numba_cpu.user_environment())
+                             text=True, check=True, env=user_environment())
         sides["pft"].append(json.loads(run.stdout))
     return sides
 

@@ -32,7 +32,7 @@ import sys
 import numpy as np
 
 from . import timing
-from .. import numba_cpu
+from .._environment import keep_freed_memory, user_environment
 from ..model.optim import AdamConfig, adam_init, adam_update
 from ..model.tasks import batch_rng
 from ..model.train import PAPER_COPY, copy_setup
@@ -84,6 +84,7 @@ class Ours:
         self.cfg, self.model_cfg, self.batches = cfg, model_cfg, batches
         self.params = init_params(model_cfg, seed=0)
         self.state = adam_init(self.params)
+        keep_freed_memory()                  # as ``model.train.run`` does
 
     def step(self, b):
         loss, grads = loss_and_grads(self.params, self.model_cfg, *self.batches[b],
@@ -100,7 +101,7 @@ class Peer:
 
     def __init__(self, cfg, model_cfg, batches):
         self.proc = subprocess.Popen([cfg.peer_python, PEER], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=numba_cpu.user_environment())
+                                     stdout=subprocess.PIPE, text=True, env=user_environment())
         config = {"threads": cfg.threads, "vocab_size": model_cfg.vocab_size,
                   "max_len": model_cfg.max_len, "d_model": model_cfg.d_model,
                   "n_layers": model_cfg.n_layers, "n_heads": model_cfg.n_heads,

@@ -25,8 +25,9 @@ Reference: the core's own oracles; the layer's backward is held to finite differ
 tests/test_model_attention.py.
 
 ``attention_fused`` is the same layer for the lean training path (``lean``): Q, K and V from
-one matrix product with the three weights side by side, their heads split in one copy, and
-b_O left to the caller's residual add; ``attention`` is its reference.
+one matrix product with the three weights side by side, their biases added and heads split
+in one compiled pass (``fused.split_heads``, and ``fused.merge_heads`` back), and b_O left to
+the caller's residual add; ``attention`` is its reference.
 """
 from typing import NamedTuple
 
@@ -35,6 +36,7 @@ import numpy as np
 from ..linear import linear_attention, linear_attention_backward
 from ..lsh import lsh_attention, lsh_attention_backward
 from ..softmax import softmax_attention, softmax_attention_backward
+from . import fused
 from .layers import linear, linear_backward
 
 PROJECTIONS = ("q", "k", "v", "o")
@@ -46,7 +48,7 @@ class AttentionCache(NamedTuple):
 
     q, k, v : ndarray, shape (B, H, N, d_head)
         The projected inputs, split into heads (k is None for LSH: q is shared).
-    heads : ndarray, shape (B, N, d_model)
+    heads : ndarray, shape (B, N, d_model), or (B N, d_model) from ``attention_fused``
         The heads' outputs concatenated: the input of the output projection.
     """
 
@@ -216,14 +218,14 @@ def attention_fused(p, x, cfg):
     names = _projected(cfg)
     b, n, d = x.shape
     proj = x.reshape(-1, d) @ _stacked(p, names, "w")                # (B N, P d_model)
-    proj += _stacked(p, names, "b")
-    # all heads of all projections split in one copy, (P, B, H, N, d_head): the kernels
-    # take each (batch, head) row contiguous, and the backward reads them again
-    heads_in = dict(zip(names, np.ascontiguousarray(
-        proj.reshape(b, n, len(names), cfg.n_heads, d // cfg.n_heads).transpose(2, 0, 3, 1, 4))))
+    # the bias added and all heads of all projections split in one pass, (P, B, H, N,
+    # d_head): the kernels take each (batch, head) row contiguous, and the backward reads
+    # them again
+    heads_in = dict(zip(names, fused.split_heads(proj, _stacked(p, names, "b"), n, len(names),
+                                                 cfg.n_heads)))
     q, k, v = heads_in["q"], heads_in.get("k"), heads_in["v"]
-    heads = merge_heads(attend(q, k, v, cfg))                       # (B, N, d_model)
-    return (heads.reshape(-1, d) @ p["wo"]).reshape(b, n, d), AttentionCache(q, k, v, heads)
+    heads = fused.merge_heads(attend(q, k, v, cfg))                 # (B N, d_model)
+    return (heads @ p["wo"]).reshape(b, n, d), AttentionCache(q, k, v, heads)
 
 
 def attention_fused_backward(dy, p, x, cache, cfg):
@@ -239,10 +241,7 @@ def attention_fused_backward(dy, p, x, cache, cfg):
     grads = {"wo": cache.heads.reshape(-1, d).T @ dy2, "bo": dy2.sum(axis=0)}
     dout = split_heads((dy2 @ p["wo"].T).reshape(b, n, d), cfg.n_heads)
     dq, dk, dv = attend_backward(dout, cache.q, cache.k, cache.v, cfg)
-    dproj = np.empty((b, n, len(names), cfg.n_heads, d // cfg.n_heads), dy.dtype)
-    for i, dh in enumerate(dh for dh in (dq, dk, dv) if dh is not None):
-        dproj[:, :, i] = dh.transpose(0, 2, 1, 3)
-    dproj = dproj.reshape(-1, len(names) * d)                       # (B N, P d_model)
+    dproj = fused.merge_heads(*(dh for dh in (dq, dk, dv) if dh is not None))  # (B N, P d)
     dx = (dproj @ _stacked(p, names, "w").T).reshape(x.shape)
     dw, dbias = x.reshape(-1, d).T @ dproj, dproj.sum(axis=0)
     for i, name in enumerate(names):

@@ -21,13 +21,17 @@ out^T = W^T in^T, with W^T (out, in) C-contiguous. The result is the same as in 
 OpenBLAS multiplies a (N, K) matrix by a (K, 16) one faster than a (16, K) matrix by a (K, N)
 one: the model's products took 2.4 ms a token against 3.1 ms at B = 16 (one thread, the
 MNIST shape; 1.4 against 2.2 ms on two), and 0.9 ms either way at B = 1, where reading the
-25 MB of weights is the whole cost.
+25 MB of weights is the whole cost. OpenBLAS runs a product with one column on one thread,
+so at B = 1 ``numba_cpu.decode.product`` splits each into two blocks of rows on two
+threads: 0.53 ms a token against 0.87 ms (2-core Xeon). At B = 16 the split lost (one
+BLAS call per block, each spreading over threads of its own): NumPy's call stays.
 
 Where a token's time goes (the MNIST model of section 4.2: 8 layers, d_model 256, d_mlp
-1024, float32, 784 positions; one thread of a 2-core Xeon shared with other work, so rough):
-at B = 1, 1.1-1.2 ms, of which the products 0.96 ms and the eight RNN steps 0.03-0.07 ms;
-at B = 16, 3.4 ms, of which the products 2.6 ms and the RNN steps 0.4 ms; the softmax cache
-at B = 16 spends ~10 ms a token on average reading its keys and values (up to 205 MB).
+1024, float32, 784 positions; 2 threads of an idle 2-core Xeon): at B = 1, 0.76 ms, of which
+the eight RNN steps 0.05 ms, the layer norms 0.05 ms and the products nearly all the rest;
+at B = 16, 2.2 ms, of which the RNN steps 0.37 ms, GELU 0.1 ms, the layer norms 0.07 ms and
+the products the rest; the softmax cache at B = 16 spends ~10 ms a token on average reading
+its keys and values (up to 205 MB).
 
 Oracle: ``generate.step``; tests/test_model_generate.py holds the two to each other.
 """
@@ -152,6 +156,11 @@ def memories(cfg, b, n_positions):
                  for _ in range(cfg.n_layers))
 
 
+def _matmul(w, x, out):
+    """out = w x by NumPy's BLAS call, which splits it over its own threads."""
+    np.matmul(w, x, out=out)
+
+
 def token_logits(weights, buf, memories, cfg, tokens, t):
     """Next-token logits (B, V) from the tokens (B,) at position t: ``generate.step``'s
     result, a view of ``buf.logits`` (overwritten by the next call). Updates ``memories``
@@ -169,11 +178,12 @@ def token_logits(weights, buf, memories, cfg, tokens, t):
     b, d = buf.x.shape[1], cfg.d_model
     relu, scale = cfg.activation == "relu", buf.x.dtype.type(cfg.d_head ** -0.5)
     first = weights.blocks[0]
+    multiply = kernels.product if b == 1 else _matmul
     np.take(weights.tok_emb_t, tokens, axis=1, out=buf.y)
     buf.x.fill(0)                                       # x_0 = token embedding + position
     kernels.add_norm(buf.x, buf.y, weights.positions[t], first.ln1_g, first.ln1_b, buf.h)
     for blk, (out_g, out_b), memory in zip(weights.blocks, weights.out_norms, memories):
-        np.matmul(blk.w_qkv, buf.h, out=buf.qkv)
+        multiply(blk.w_qkv, buf.h, buf.qkv)
         np.add(buf.qkv, blk.b_qkv, out=buf.qkv)         # q | k | v, (3 D, B)
         if cfg.attention == "linear":                   # the RNN, Eq. (16)-(20)
             heads = memory.step(buf.q, buf.k, buf.v).reshape(b, d).T     # (D, B)
@@ -181,12 +191,12 @@ def token_logits(weights, buf, memories, cfg, tokens, t):
             kernels.cache_attend(buf.qkv, t, memory.keys_t, memory.values, scale,
                                  buf.scores, buf.heads)
             heads = buf.heads
-        np.matmul(blk.w_o, heads, out=buf.y)
+        multiply(blk.w_o, heads, buf.y)
         kernels.add_norm(buf.x, buf.y, blk.b_o, blk.ln2_g, blk.ln2_b, buf.h)
-        np.matmul(blk.w_1, buf.h, out=buf.hidden)
+        multiply(blk.w_1, buf.h, buf.hidden)
         kernels.bias_activate(buf.hidden, blk.b_1, relu)           # f_l's hidden layer
-        np.matmul(blk.w_2, buf.hidden, out=buf.y)
+        multiply(blk.w_2, buf.hidden, buf.y)
         kernels.add_norm(buf.x, buf.y, blk.b_2, out_g, out_b, buf.h)
-    np.matmul(weights.w_out, buf.h, out=buf.logits)
+    multiply(weights.w_out, buf.h, buf.logits)
     np.add(buf.logits, weights.b_out, out=buf.logits)
     return buf.logits.T

@@ -1,6 +1,7 @@
 """The transformer's elementwise work as compiled loops: GELU with its bias, layer norm with
-its residual add, their backward passes, the embedding's backward and Adam's update, each
-one pass over its arrays with no full-size temporaries.
+its residual add, their backward passes, the attention's heads split from the projections
+and merged back, the embedding's backward and Adam's update, each one pass over its arrays
+with no full-size temporaries.
 
 These are the lean training path's versions of ``layers.gelu``, ``layers.layer_norm``,
 ``layers.embedding_backward`` (the pieces around the attention of Katharopoulos et al.
@@ -17,18 +18,20 @@ Two changes of form, not of function:
 - Layer norm returns what its backward needs (xhat and 1 / std), so the backward
   recomputes nothing; GELU's backward recomputes s from its input, one exp an element.
 
-The loops run on the calling thread, in row order, so sums over rows do not depend on a
-thread count. Threads did not pay here: the step alternates these loops with NumPy's
-matrix products, whose BLAS threads keep spinning for a while after each product. One step
-of the copy-task model at batch 16 took 0.29-0.30 s with these loops parallel over rows on
-2 threads and 0.30 s on one (2-core Xeon, medians of 4 rounds), and up to 4x longer on 2
-threads while other processes ran on the machine. Float32 stays float32; no fastmath (NaN
-in gives NaN out).
+Threads: GELU's loops and the heads' copies run in parallel over rows, whose results do not
+depend on one another, so neither do they on the thread count. Layer norm's backward (it
+sums over rows), the embedding's backward and Adam run on the calling thread, in order.
+Measured on a 2-core Xeon, one training step of the copy-task model at batch 16: with 2
+threads GELU and its backward took 7 and 12 ms of the step against 15 and 20 ms on one
+(they paid once OpenBLAS's threads stopped spinning for 0.1 s after each product, see
+``linattn._environment``; before, 2 threads did not pay); Adam's update of 3.2M parameters
+took 6.8 ms parallel against 4.2 ms serial, and stays serial. Float32 stays float32; no
+fastmath (NaN in gives NaN out).
 """
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ..numba_cpu.elu import phi
 from .layers import _GELU_C
@@ -78,9 +81,9 @@ def _bias_gelu_row(u, b, g):
         g[j] = x * _gate(x, c, cubic, one)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", parallel=True)
 def _bias_gelu(u, b, g):
-    for i in range(u.shape[0]):
+    for i in prange(u.shape[0]):
         _bias_gelu_row(u[i], b, g[i])
 
 
@@ -115,9 +118,9 @@ def _times_gelu_grad_row(d, x):
         d[j] *= _gelu_grad(x[j], c, cubic, one)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", parallel=True)
 def _times_gelu_grad(d, x):
-    for i in range(x.shape[0]):
+    for i in prange(x.shape[0]):
         _times_gelu_grad_row(d[i], x[i])
 
 
@@ -152,10 +155,10 @@ def _normalise_row(s, g, b, eps, y, xhat):
     return rstd
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", parallel=True)
 def _add_layer_norm(x, a, bias, g, b, eps, s, y, xhat, rstd):
     """s = x + a + bias (if a has rows; else s is x), then its layer norm, row by row."""
-    for i in range(x.shape[0]):
+    for i in prange(x.shape[0]):
         if a.shape[0]:
             for j in range(x.shape[1]):
                 s[i, j] = x[i, j] + a[i, j] + bias[j]       # the residual add
@@ -212,25 +215,46 @@ def add_layer_norm(x, a, bias, g, b, eps=1e-5):
     return _layer_norm(x, a, bias, g, b, eps)
 
 
-@njit(cache=True, error_model="numpy")
+# the backward's sums over rows (dg, db) are made in this many blocks of rows, whatever the
+# number of threads, and the blocks' sums added in order: the same numbers on any machine
+_ROW_BLOCKS = 16
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _layer_norm_backward_row(dy, xhat, rstd, g, dx, dg, db):
+    """dx of one row (dxhat = dy g), and its terms of dg += dy xhat, db += dy."""
+    width = dy.size
+    n = dy.dtype.type(width)
+    s1 = s2 = dy.dtype.type(0)
+    for j in range(width):
+        dxh = dy[j] * g[j]                                 # dxhat
+        s1 += dxh
+        s2 += dxh * xhat[j]
+        dg[j] += dy[j] * xhat[j]
+        db[j] += dy[j]
+    m1, m2 = s1 / n, s2 / n                                # mean(dxhat), mean(dxhat xhat)
+    for j in range(width):
+        dx[j] = rstd * (dy[j] * g[j] - m1 - xhat[j] * m2)
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
 def _layer_norm_backward(dy, xhat, rstd, g, residual, dx, dg, db):
     """dx (plus ``residual`` if it has rows), and dg += dy xhat, db += dy over the rows."""
-    width = dy.shape[1]
-    n = dy.dtype.type(width)
-    for i in range(dy.shape[0]):
-        s1 = s2 = dy.dtype.type(0)
+    rows, width = dy.shape
+    blocks = min(_ROW_BLOCKS, rows)
+    dg_part = np.zeros((blocks, width), dy.dtype)
+    db_part = np.zeros((blocks, width), dy.dtype)
+    for block in prange(blocks):
+        for i in range(block * rows // blocks, (block + 1) * rows // blocks):
+            _layer_norm_backward_row(dy[i], xhat[i], rstd[i], g, dx[i], dg_part[block],
+                                     db_part[block])
+            if residual.shape[0]:
+                for j in range(width):
+                    dx[i, j] += residual[i, j]             # the skip connection's gradient
+    for block in range(blocks):                            # in order
         for j in range(width):
-            dxh = dy[i, j] * g[j]                          # dxhat
-            s1 += dxh
-            s2 += dxh * xhat[i, j]
-            dg[j] += dy[i, j] * xhat[i, j]
-            db[j] += dy[i, j]
-        m1, m2 = s1 / n, s2 / n                            # mean(dxhat), mean(dxhat xhat)
-        for j in range(width):
-            dx[i, j] = rstd[i] * (dy[i, j] * g[j] - m1 - xhat[i, j] * m2)
-        if residual.shape[0]:
-            for j in range(width):
-                dx[i, j] += residual[i, j]                 # the skip connection's gradient
+            dg[j] += dg_part[block, j]
+            db[j] += db_part[block, j]
 
 
 def layer_norm_backward(dy, saved, g, residual=None):
@@ -251,6 +275,58 @@ def layer_norm_backward(dy, saved, g, residual=None):
     _layer_norm_backward(rows, _as_rows(saved.xhat), saved.rstd.reshape(-1), g, res, dx, dg,
                          db)
     return dx.reshape(dy.shape), dg, db
+
+
+# --- heads: the projections' columns to (batch, head) rows and back ---------------------
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _split_heads(proj, bias, n, out):
+    """out[p, b, h, i] = proj[b n + i, (p H + h) d_head : ...] + bias[...]: one pass."""
+    parts, batch, heads, _, width = out.shape
+    for b in prange(batch):
+        for i in range(n):
+            row = proj[b * n + i]
+            for part in range(parts):
+                for h in range(heads):
+                    col = (part * heads + h) * width
+                    dst = out[part, b, h, i]
+                    for j in range(width):
+                        dst[j] = row[col + j] + bias[col + j]
+
+
+def split_heads(proj, bias, n, n_parts, n_heads):
+    """P projections of B sequences of n positions, proj (B n, P d_model) + bias
+    (P d_model,), as (P, B, H, n, d_head), each (batch, head) row contiguous as the attention
+    kernels take it: the bias add and ``attention.split_heads``'s copy of every part in one
+    pass. Cost: O(size(proj))."""
+    rows, cols = proj.shape
+    out = np.empty((n_parts, rows // n, n_heads, n, cols // (n_parts * n_heads)), proj.dtype)
+    _split_heads(proj, bias, n, out)
+    return out
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def _merge_heads(part, offset, out):
+    """out[b n + i, offset + h d_head + j] = part[b, h, i, j]."""
+    batch, heads, n, width = part.shape
+    for b in prange(batch):
+        for i in range(n):
+            row = out[b * n + i]
+            for h in range(heads):
+                col = offset + h * width
+                for j in range(width):
+                    row[col + j] = part[b, h, i, j]
+
+
+def merge_heads(*parts):
+    """P arrays (B, H, N, d_head), any strides, side by side as (B N, P d_model), position
+    by position: ``attention.merge_heads`` of each, concatenated along the last axis, one
+    pass per part. Cost: O(P B N d_model)."""
+    batch, heads, n, width = parts[0].shape
+    out = np.empty((batch * n, len(parts) * heads * width), parts[0].dtype)
+    for i, part in enumerate(parts):
+        _merge_heads(part, i * heads * width, out)
+    return out
 
 
 # --- embedding ----------------------------------------------------------------------------

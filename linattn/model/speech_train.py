@@ -23,6 +23,7 @@ from typing import NamedTuple
 import numpy as np
 from tqdm import tqdm
 
+from .._environment import keep_freed_memory
 from .checkpoint import load_checkpoint, save_checkpoint
 from .ctc import phoneme_error_rate
 from .optim import AdamConfig, adam_update
@@ -99,6 +100,7 @@ def run_speech(cfg, task, train_cfg, adam=DEFAULT_SPEECH_ADAM, out_dir=None, res
     params : dict
     opt_state : AdamState
     """
+    keep_freed_memory()                      # no page faults for each step's fresh arrays
     ckpt_path, params, opt_state = start_or_resume(cfg, init_params, train_cfg.seed,
                                                    out_dir, resume)
     splits = splits or {name: task.split(name) for name in ("train", "valid")}

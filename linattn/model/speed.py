@@ -27,7 +27,7 @@ import subprocess
 
 import numpy as np
 
-from .. import numba_cpu
+from .._environment import user_environment
 from .config import ModelConfig
 from .generate import generate
 from .transformer import init_params
@@ -132,7 +132,7 @@ def peer_seconds(peer_python, shape, batches, n, rounds, threads=THREADS):
               "rounds": rounds, "threads": threads}
     try:
         run = subprocess.run([peer_python, PEER_SCRIPT, json.dumps(config)],
-                             capture_output=True, text=True, env=numba_cpu.user_environment())
+                             capture_output=True, text=True, env=user_environment())
     except OSError as error:                     # no such interpreter, or not executable
         return {}, f"failed: {error}"
     if run.returncode != 0:

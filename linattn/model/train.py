@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 from tqdm import tqdm
 
+from .._environment import keep_freed_memory
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ModelConfig
 from .layers import cross_entropy
@@ -132,6 +133,7 @@ def run(cfg, task, train_cfg, adam=AdamConfig(), out_dir=None, resume=False,
     params : dict
     opt_state : AdamState
     """
+    keep_freed_memory()                      # no page faults for each step's fresh arrays
     ckpt_path, params, opt_state = start_or_resume(cfg, init_params, train_cfg.seed,
                                                    out_dir, resume)
     log, writer, offset = (open_log(os.path.join(out_dir, "log.csv"), opt_state.step, resume)

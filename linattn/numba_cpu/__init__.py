@@ -40,30 +40,7 @@ S = K^T [V, 1], out = Q S, which they replace, ran 2.5-3.7x slower at D = M = 64
 Short sequences go to ``quadratic`` instead (blocks of the kernel matrix; the rule and its
 measurement are in ``dispatch.AUTO_METHOD``).
 
-The OpenMP threads of the compiled loops wait passively (``OMP_WAIT_POLICY=PASSIVE``, unless
-the environment sets it): NumPy's BLAS has threads of its own, and a model alternates the two
-(attention, then a matrix product). OpenMP workers that spin after their loop keep a core
-from BLAS: one training step of the paper's copy-task model at batch 16
-(``python -m linattn.bench.train_step``, medians of 4 rounds of 3 steps on a shared 2-core
-Xeon) took 0.37 s with libgomp's default wait (spinning a while) against 0.29-0.31 s
-passive, and 0.55-0.60 s with ``ACTIVE``.
+The compiled loops' OpenMP threads wait passively (``OMP_WAIT_POLICY=PASSIVE``), and
+OpenBLAS's threads spin a shorter while after a product than their default: both are set
+at import by ``linattn._environment``, which has the measurements.
 """
-import os
-
-# read by libgomp when Numba's OpenMP threading layer loads, at the first parallel call;
-# what the environment said before is kept for subprocesses (the benchmark's peers)
-ENVIRONMENT_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
-def user_environment(**extra):
-    """``os.environ`` as it was before this module set OpenMP's wait policy, plus ``extra``:
-    the environment for a subprocess that is not ours (the benchmarks' peers), whose OpenMP
-    must run as its users have it. PyTorch's many small parallel calls slow down several
-    times with passive threads: its recurrent model generated an image 4x slower here."""
-    env = {**os.environ, **extra}
-    if ENVIRONMENT_WAIT_POLICY is None:
-        env.pop("OMP_WAIT_POLICY", None)
-    else:
-        env["OMP_WAIT_POLICY"] = ENVIRONMENT_WAIT_POLICY
-    return env

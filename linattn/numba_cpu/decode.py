@@ -5,7 +5,9 @@ pre-norm form).
 
 - ``add_norm``: the residual add and the layer norm after it, x += y + bias, h = LN(x);
 - ``bias_activate``: the MLP's hidden layer, u = act(u + b_1);
-- ``cache_attend``: softmax attention of the new query over the key/value cache, Eq. (2).
+- ``cache_attend``: softmax attention of the new query over the key/value cache, Eq. (2);
+- ``product``: out = W^T x^T split into two blocks of W^T's rows, one BLAS call each,
+  on two threads.
 
 Layout: a token's arrays are columns, (features, B), one column per sequence, as the loop
 keeps them (``model.decode`` says why: OpenBLAS multiplies W^T (N, K) by x^T (K, 16)
@@ -24,11 +26,13 @@ Oracles: ``model.layers`` (layer_norm, gelu, relu) and ``linattn.softmax_attenti
 loop's own, already checked and C-contiguous.
 """
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
+from .blas import gemm
 from .flash_tiles import exp_and_sum, exp_nonpositive, scale_and_max
 
 LN_EPS = 1e-5              # as ``model.layers.layer_norm``
+PRODUCT_BLOCKS = 2         # ``product``'s blocks of rows, whatever the number of threads
 _GELU_C = np.sqrt(2 / np.pi)
 
 
@@ -135,3 +139,19 @@ def cache_attend(qkv, t, keys_t, values, scale, scores, heads):
                     acc[i] += p * v_j[i]
             for i in range(d_head):
                 heads[lo + i, b] = acc[i] / total[0]
+
+
+@njit(cache=True, error_model="numpy", parallel=True)
+def product(w, x, out):
+    """out = w x for a token's columns, w (N, K) C-contiguous, x (K, B), out (N, B): the
+    rows of w in ``PRODUCT_BLOCKS`` blocks, one BLAS call each, the blocks in parallel.
+
+    At B = 1 a token's products read all the model's weights once for little arithmetic,
+    and OpenBLAS runs such a product on one thread, at one core's bandwidth; two blocks on
+    two threads read them at two cores'. The blocks are fixed, so the numbers do not depend
+    on the thread count. Cost: O(N K B).
+    """
+    n = w.shape[0]
+    for block in prange(PRODUCT_BLOCKS):
+        lo, hi = block * n // PRODUCT_BLOCKS, (block + 1) * n // PRODUCT_BLOCKS
+        gemm(w[lo:hi], x, out[lo:hi], 0)
