@@ -26,7 +26,12 @@ def _table(**kw):
 @pytest.mark.parametrize("budget_s, recompute_measured", [(0.0, False), (1e9, True)])
 def test_speed_table_has_a_row_per_form_and_batch(budget_s, recompute_measured):
     rows, meta = _table(budget_s=budget_s)
-    want = [(speed.NAMES[method], b) for _, method in speed.FORMS for b in (1, 2)]
+    want = []
+    for _, method in speed.FORMS:
+        for b in (1, 2):
+            want.append((speed.NAMES[method], b))
+            if method == "recurrent":                    # its floor follows it
+                want.append((speed.FLOOR_NAME, b))
     assert [(r["name"], r["batch"]) for r in rows] == want
     for r in rows:
         assert r["library"] == "linattn" and r["dtype"] == "float32" and r["n"] == 6
@@ -49,9 +54,29 @@ def test_format_table_names_every_row_and_how_it_was_timed():
                    "s / RNN s", "how"):
         assert column in header
     body = text.splitlines()[2:2 + len(rows)]
-    assert [line.split()[-1] for line in body] == ["measured"] * 4 + ["estimated"] * 2
+    assert [line.split()[-1] for line in body] == ["measured"] * 6 + ["estimated"] * 2
     assert "machine:" in text and "threads:" in text and "peers: none" in text
     assert "target" not in text.lower() and " met" not in text.lower()
+
+
+def test_products_floor_runs_the_loops_products(monkeypatch):
+    """The floor row times ``decode.token_products``: n calls per image, with the loop's
+    multiply (the two-block product at batch 1, NumPy's at batch 2)."""
+    from linattn.model import decode
+    from linattn.numba_cpu import decode as kernels
+    calls, products = [], []
+    real, real_product = decode.token_products, kernels.product
+    monkeypatch.setattr(decode, "token_products", lambda w, b: calls.append(
+        b.x.shape[1]) or real(w, b))
+    monkeypatch.setattr(kernels, "product", lambda *a: products.append(1) or real_product(*a))
+    cfg = speed.ModelConfig(max_len=6, attention="linear", **TINY)
+    params = speed.init_params(cfg, seed=0)
+    for batch in (1, 2):
+        calls.clear(), products.clear()
+        assert speed.products_seconds(params, cfg, batch, 6, rounds=2) > 0
+        assert calls == [batch] * (1 + 2 * 6)           # a warm-up, then 2 rounds of 6
+        assert len(products) == (len(calls) * (4 * TINY["n_layers"] + 1) if batch == 1
+                                 else 0)
 
 
 @pytest.mark.parametrize("growth", [0, 1, 2])

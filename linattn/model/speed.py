@@ -28,6 +28,7 @@ import subprocess
 import numpy as np
 
 from .._environment import user_environment
+from . import decode
 from .config import ModelConfig
 from .generate import generate
 from .transformer import init_params
@@ -39,6 +40,7 @@ FORMS = (("linear", "recurrent"), ("softmax", "cache"), ("softmax", "recompute")
 NAMES = {"recurrent": "linear, RNN", "cache": "softmax, key/value cache",
          "recompute": "softmax, recomputing the prefix"}
 PEER_NAME = "pft linear, RNN"
+FLOOR_NAME = "linear, RNN: its matrix products alone"
 THREADS = 2
 # recomputing at t builds (B, H, t, t) attention matrices: past ~1k they take gigabytes
 PROBE_LIMIT = 1024
@@ -123,6 +125,23 @@ def _form_seconds(params, cfg, method, batch, n, rounds, budget_s):
     return estimate, False
 
 
+def products_seconds(params, cfg, batch, n, rounds):
+    """Median seconds of the matrix products of n tokens at ``batch`` and nothing else
+    (``decode.token_products``, n times): the RNN's floor on this machine, since every token
+    reads all the weights. At batch 1 it is the weights' bytes over the memory bandwidth the
+    products reach; at batch 16, the BLAS's speed on (N, K) x (K, 16) products."""
+    weights = decode.prepare(params, cfg, 1)
+    buf = decode.buffers(cfg, batch, 1)
+    for a in buf[:7]:                  # moderate values, never NaN, inf or subnormal
+        a.fill(0.01)
+    decode.token_products(weights, buf)                            # warm-up: compiles
+
+    def image():
+        for _ in range(n):
+            decode.token_products(weights, buf)
+    return _timed(image, rounds)
+
+
 def peer_seconds(peer_python, shape, batches, n, rounds, threads=THREADS):
     """({batch: median seconds}, note) of pft's recurrent model (``peer_generate.py`` run by
     ``peer_python``), or ({}, why not)."""
@@ -183,6 +202,10 @@ def speed_table(batches=(1, 16), rounds=3, peer_python=None, budget_s=60.0, shap
                                                   budget_s)
                 rows.append(_row(NAMES[method], "linattn", batch, seconds, measured, n,
                                  cfg.dtype))
+                if method == "recurrent":
+                    rows.append(_row(FLOOR_NAME, "linattn", batch,
+                                     products_seconds(params, cfg, batch, n, rounds), True,
+                                     n, cfg.dtype))
     peers, peer_note = {}, "none (no --peer-python)"
     if peer_python:
         peers, peer_note = peer_seconds(peer_python, shape, batches, n, rounds, threads)
