@@ -81,7 +81,8 @@ def keep_freed_memory():
     and 22 ms of system time per 0.26 s step (2-core Xeon); with this, 140 faults, and the
     step 6% faster. The price is that the process's resident memory stays near its peak.
     ``model.train.run``, ``model.speech_train.run_speech`` and the training benchmark call
-    it; call it in your own training loop for the same effect.
+    it; call it (``linattn.model.keep_freed_memory()``) in your own training loop for the
+    same effect.
 
     Returns
     -------

@@ -125,6 +125,17 @@ def test_product_is_the_matrix_product(n, k, b, transposed, seed):
     np.testing.assert_allclose(out, w @ x, rtol=1e-12, atol=1e-12)
 
 
+def test_product_too_big_to_split_is_one_call():
+    """Blocks OpenBLAS would thread itself: the whole product in one call, the same numbers."""
+    from linattn.numba_cpu.chunked import SINGLE_THREAD_PRODUCT
+    rng = np.random.default_rng(4)
+    n = kernels.PRODUCT_BLOCKS * SINGLE_THREAD_PRODUCT // 256
+    w, x = _normal(rng, (n, 256)), _normal(rng, (256, 1))
+    out = np.empty((n, 1))
+    kernels.product(w, x, out)
+    np.testing.assert_allclose(out, w @ x, rtol=1e-12, atol=1e-12)
+
+
 def test_product_in_float32_and_nan():
     rng = np.random.default_rng(3)
     w, x = _normal(rng, (1024, 256), np.float32), _normal(rng, (256, 1), np.float32)

@@ -89,7 +89,8 @@ def ours_seconds(config, n):
 
 def head_to_head(config, peer_python, turns):
     """{side: [one dict of seconds per turn]}, linattn then pft in each turn."""
-    from .._environment import user_environment  # here, not at the top: the peer's side has no linattn
+    # here, not at the top: the peer's side has no linattn
+    from .._environment import user_environment
     script = os.path.abspath(__file__)
     sides = {"linattn": [], "pft": []}
     for _ in range(turns):

@@ -9,6 +9,7 @@ The speech experiment (section 4.3), on SYNTHETIC data: ``speech_task`` (the dat
 ``ctc`` (loss, decoding, error rate), ``lstm`` (Bi-LSTM), ``encoder`` (non-causal
 transformer), ``speech`` (the models behind one config), ``speech_train``.
 """
+from .._environment import keep_freed_memory
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import ModelConfig
 from .ctc import (ctc_loss, ctc_loss_backward, edit_distance, greedy_decode,
@@ -24,7 +25,7 @@ from .transformer import backward, forward, init_params, loss_and_grads
 
 __all__ = [
     "ModelConfig", "init_params", "forward", "backward", "loss_and_grads",
-    "AdamConfig", "AdamState", "adam_init", "adam_update",
+    "AdamConfig", "AdamState", "adam_init", "adam_update", "keep_freed_memory",
     "save_checkpoint", "load_checkpoint", "CheckpointError",
     "TrainConfig", "run", "evaluate", "read_log", "copy_task_curves", "generate",
     "CopyTask", "DigitsTask", "load_digits",

@@ -40,7 +40,7 @@ S = K^T [V, 1], out = Q S, which they replace, ran 2.5-3.7x slower at D = M = 64
 Short sequences go to ``quadratic`` instead (blocks of the kernel matrix; the rule and its
 measurement are in ``dispatch.AUTO_METHOD``).
 
-The compiled loops' OpenMP threads wait passively (``OMP_WAIT_POLICY=PASSIVE``), and
-OpenBLAS's threads spin a shorter while after a product than their default: both are set
-at import by ``linattn._environment``, which has the measurements.
+The compiled loops' OpenMP threads spin briefly (about 0.1 ms) and then sleep, and OpenBLAS's
+threads spin a shorter while after a product than their default: set at import by
+``linattn._environment``, which has the measurements.
 """

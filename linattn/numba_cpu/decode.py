@@ -29,6 +29,7 @@ import numpy as np
 from numba import njit, prange
 
 from .blas import gemm
+from .chunked import SINGLE_THREAD_PRODUCT
 from .flash_tiles import exp_and_sum, exp_nonpositive, scale_and_max
 
 LN_EPS = 1e-5              # as ``model.layers.layer_norm``
@@ -149,9 +150,14 @@ def product(w, x, out):
     At B = 1 a token's products read all the model's weights once for little arithmetic,
     and OpenBLAS runs such a product on one thread, at one core's bandwidth; two blocks on
     two threads read them at two cores'. The blocks are fixed, so the numbers do not depend
-    on the thread count. Cost: O(N K B).
+    on the thread count. A product whose blocks are big enough for OpenBLAS to thread them
+    itself (``chunked.SINGLE_THREAD_PRODUCT`` multiply-adds or more, where its threads and
+    ours would fight) is one call instead. Cost: O(N K B).
     """
     n = w.shape[0]
+    if n * w.shape[1] * x.shape[1] >= PRODUCT_BLOCKS * SINGLE_THREAD_PRODUCT:
+        gemm(w, x, out, 0)
+        return
     for block in prange(PRODUCT_BLOCKS):
         lo, hi = block * n // PRODUCT_BLOCKS, (block + 1) * n // PRODUCT_BLOCKS
         gemm(w[lo:hi], x, out[lo:hi], 0)
