@@ -1,12 +1,12 @@
 """How linattn's threads share the cores with NumPy's BLAS: three environment variables set
 at import, unless the environment already sets them (the OpenMP pair is left alone if it
-sets either), and the environment as the user had it
-for subprocesses that are not ours (the benchmarks' peers).
+sets either), and the environment as the user had it for subprocesses that are not ours
+(the benchmarks' peers).
 
 A model alternates BLAS matrix products with compiled loops (attention, GELU, layer norm),
 and both keep threads. A thread that spins after its work keeps a core from the other:
 - ``OMP_WAIT_POLICY=PASSIVE``: the compiled loops' OpenMP threads (Numba's "omp" layer)
-  sleep when their loop ends. Read by libgomp when Numba's OpenMP layer loads, at the first
+  sleep when their loop ends (after libgomp's short spin, next). Read by libgomp when Numba's OpenMP layer loads, at the first
   parallel call. One training step of the paper's copy-task model at batch 16 took 0.37 s
   with libgomp's default wait (spinning a while) against 0.29-0.31 s passive, and
   0.55-0.60 s with ``ACTIVE`` (``python -m linattn.bench.train_step``, 2-core Xeon).

@@ -9,7 +9,8 @@ from linattn.model import fused, layers
 
 from conftest import assert_gradients_match
 
-shapes = st.sampled_from([(1, 1), (1, 7), (3, 5), (2, 3, 33), (4, 1, 1024)])
+# (37, 5): more rows than layer norm's backward has blocks, and not a multiple of them
+shapes = st.sampled_from([(1, 1), (1, 7), (3, 5), (2, 3, 33), (4, 1, 1024), (37, 5)])
 
 
 def arrays(seed, shape, *widths, scale=1.0):
@@ -93,6 +94,32 @@ def test_layer_norm_backward_is_the_reference(shape, residual, seed):
     np.testing.assert_allclose(dx, want[0] + (r if residual else 0), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(dg, want[1], rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(db, want[2], rtol=1e-10, atol=1e-12)
+
+
+def test_parallel_loops_give_the_same_numbers_on_any_thread_count():
+    """GELU's loops split rows among threads, and layer norm's backward sums dg and db in
+    fixed blocks of rows: one thread and two give the same bits (float32, 53 rows)."""
+    import numba
+    rng = np.random.default_rng(11)
+    x, dy, r = (rng.standard_normal((53, 96)).astype(np.float32) for _ in range(3))
+    g, b = (rng.standard_normal(96).astype(np.float32) for _ in range(2))
+
+    def run():
+        _, saved = fused.layer_norm(x, g, b)
+        u = x.copy()
+        gelu = fused.bias_gelu(u, b)
+        return (*fused.layer_norm_backward(dy, saved, g, r), gelu,
+                *fused.gelu_backward(dy, u))
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = run()
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        two = run()
+    finally:
+        numba.set_num_threads(before)
+    for a, c in zip(one, two):
+        np.testing.assert_array_equal(a, c)
 
 
 def test_add_layer_norm_backward_matches_finite_differences():

@@ -3,7 +3,6 @@ elu+1 and its exp, the dtype policy inside the loops, the compile cache, and how
 a backend. Its agreement with the oracle is
 tested with every other path, by the parametrised tests of test_linear, test_recurrent and
 test_softmax."""
-import os
 import subprocess
 import sys
 

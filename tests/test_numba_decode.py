@@ -125,8 +125,8 @@ def test_product_is_the_matrix_product(n, k, b, transposed, seed):
     np.testing.assert_allclose(out, w @ x, rtol=1e-12, atol=1e-12)
 
 
-def test_product_too_big_to_split_is_one_call():
-    """Blocks OpenBLAS would thread itself: the whole product in one call, the same numbers."""
+def test_product_too_big_to_split_is_still_the_product():
+    """Blocks OpenBLAS would thread itself take the branch of one whole call: w x still."""
     from linattn.numba_cpu.chunked import SINGLE_THREAD_PRODUCT
     rng = np.random.default_rng(4)
     n = kernels.PRODUCT_BLOCKS * SINGLE_THREAD_PRODUCT // 256

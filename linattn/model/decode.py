@@ -161,6 +161,13 @@ def _matmul(w, x, out):
     np.matmul(w, x, out=out)
 
 
+def _multiply(b):
+    """The loop's out = w x for a batch of b columns: ``numba_cpu.decode.product`` (two
+    blocks of rows on two threads) at b = 1, NumPy's single BLAS call otherwise."""
+    from ..numba_cpu import decode as kernels          # numba is imported on first use
+    return kernels.product if b == 1 else _matmul
+
+
 def token_logits(weights, buf, memories, cfg, tokens, t):
     """Next-token logits (B, V) from the tokens (B,) at position t: ``generate.step``'s
     result, a view of ``buf.logits`` (overwritten by the next call). Updates ``memories``
@@ -178,7 +185,7 @@ def token_logits(weights, buf, memories, cfg, tokens, t):
     b, d = buf.x.shape[1], cfg.d_model
     relu, scale = cfg.activation == "relu", buf.x.dtype.type(cfg.d_head ** -0.5)
     first = weights.blocks[0]
-    multiply = kernels.product if b == 1 else _matmul
+    multiply = _multiply(b)
     np.take(weights.tok_emb_t, tokens, axis=1, out=buf.y)
     buf.x.fill(0)                                       # x_0 = token embedding + position
     kernels.add_norm(buf.x, buf.y, weights.positions[t], first.ln1_g, first.ln1_b, buf.h)
@@ -208,8 +215,7 @@ def token_products(weights, buf):
     a transposed view): a token's time without its attention and element work, the floor
     ``model.speed`` reports beside the RNN. Cost: O(L B d_model (4 d_model + 2 d_mlp) +
     B d_model V)."""
-    from ..numba_cpu import decode as kernels
-    multiply = kernels.product if buf.x.shape[1] == 1 else _matmul
+    multiply = _multiply(buf.x.shape[1])
     for blk in weights.blocks:
         multiply(blk.w_qkv, buf.h, buf.qkv)
         multiply(blk.w_o, buf.heads, buf.y)

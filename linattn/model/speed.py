@@ -132,8 +132,8 @@ def products_seconds(params, cfg, batch, n, rounds):
     products reach; at batch 16, the BLAS's speed on (N, K) x (K, 16) products."""
     weights = decode.prepare(params, cfg, 1)
     buf = decode.buffers(cfg, batch, 1)
-    for a in buf[:7]:                  # moderate values, never NaN, inf or subnormal
-        a.fill(0.01)
+    for a in (buf.h, buf.heads, buf.hidden):   # the products' inputs: moderate values,
+        a.fill(0.01)                           # never NaN, inf or subnormal
     decode.token_products(weights, buf)                            # warm-up: compiles
 
     def image():
