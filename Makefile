@@ -17,7 +17,7 @@ $(VENV)/installed: pyproject.toml
 	touch $@
 
 figures: $(VENV)/installed notebooks
-	$(PY) -m linattn.figures $(if $(PEER_PYTHON),--peer-python $(PEER_PYTHON))
+	$(PY) -m linattn.lab.figures $(if $(PEER_PYTHON),--peer-python $(PEER_PYTHON))
 
 notebooks: $(VENV)/installed
 	$(PY) -m jupyter nbconvert --to notebook --execute --inplace notebooks/*.ipynb

@@ -4,7 +4,6 @@ Softmax attention and linear attention in its quadratic, linear, chunked and rec
 forms, and Reformer (LSH) attention, each with a hand-written backward pass; the RNN of
 section 3.4 as a step function and as a stateful ``Recurrence``.
 """
-from . import _environment  # noqa: F401  (first: before NumPy loads OpenBLAS)
 from .feature_maps import EluPlusOne, Favor, ReLU, Taylor
 from .forms.recurrent import CompensatedState, State
 from .linear import linear_attention, linear_attention_backward, linear_attention_step

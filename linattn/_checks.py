@@ -237,7 +237,7 @@ def check_lsh(qk, v=None, dout=None, *, n_hashes, chunk_size, n_buckets, causal,
     return _in_compute_dtype(tuple(arrays))
 
 
-# --- CTC and the speech experiment (linattn.model.ctc) -------------------------------------
+# --- CTC and the speech experiment (linattn.model.speech.ctc) -------------------------------------
 
 def int_vector(name, x, size):
     """``x`` as an int64 vector of ``size`` entries, or a clear error."""

@@ -41,7 +41,7 @@ else
     echo "compute-sanitizer not found: skipped" | tee "$out/sanitizer.log"
 fi
 
-timeout 240 $py -m linattn.bench.gpu --json "$out/bench.json" 2>&1 | tee "$out/bench.log"
+timeout 240 $py -m linattn.lab.bench.gpu --json "$out/bench.json" 2>&1 | tee "$out/bench.log"
 bench=${PIPESTATUS[0]}
 
 echo "== exit codes: tests $tests, sanitizer $sanitize, benchmark $bench (logs in $out)"

@@ -1,11 +1,11 @@
-"""``python -m linattn.bench --quick``: runs, writes its files, and reports what it measured."""
+"""``python -m linattn.lab.bench --quick``: runs, writes its files, and reports what it measured."""
 import json
 import time
 
 import pytest
 
 from linattn.__main__ import main
-from linattn.bench import timing
+from linattn.lab.bench import timing
 
 
 @pytest.mark.slow

@@ -1,8 +1,8 @@
-"""The LSH head to head (``linattn.bench.lsh_peer``): linattn's side and the scaling fit run
+"""The LSH head to head (``linattn.lab.bench.lsh_peer``): linattn's side and the scaling fit run
 at tiny sizes; pft's side only where pytorch-fast-transformers is installed."""
 import pytest
 
-from linattn.bench import lsh_peer
+from linattn.lab.bench import lsh_peer
 
 CONFIG = dict(n=64, heads=2, dim=4, chunk_size=8, bits=4, n_buckets=None, rounds=2,
               threads=1, repeats=1)

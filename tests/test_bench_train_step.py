@@ -1,4 +1,4 @@
-"""``python -m linattn.bench.train_step`` at a tiny shape: it runs, takes its rounds and
+"""``python -m linattn.lab.bench.train_step`` at a tiny shape: it runs, takes its rounds and
 reports (its speed is what it measures, never asserted here)."""
 import importlib.util
 import json
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from linattn.bench import train_step
+from linattn.lab.bench import train_step
 
 TINY = ["--batch", "2", "3", "--rounds", "2", "--repeats", "1", "--pause", "0",
         "--length", "3", "--d-model", "8", "--n-layers", "1", "--n-heads", "2", "--d-mlp", "16"]

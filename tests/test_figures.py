@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from linattn import figures  # noqa: E402
+from linattn.lab import figures  # noqa: E402
 
 
 def _rows(columns, x, xs):

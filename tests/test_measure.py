@@ -1,7 +1,7 @@
 """Measurements behind the figures: feature maps against softmax, and copy-task loss curves."""
 import numpy as np
 
-from linattn import measure
+from linattn.lab import measure
 from linattn.model import load_checkpoint
 
 

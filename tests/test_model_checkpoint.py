@@ -142,8 +142,8 @@ def test_config_saved_before_the_causal_field_loads_as_causal():
 
 
 def test_speech_config_round_trip_and_type_check(tmp_path):
-    from linattn.model.speech import SpeechConfig
-    from linattn.model.speech import init_params as speech_init
+    from linattn.model.speech.models import SpeechConfig
+    from linattn.model.speech.models import init_params as speech_init
     cfg = SpeechConfig(model="bilstm", n_features=3, n_classes=4, hidden=3, lstm_layers=1)
     params = speech_init(cfg)
     path = tmp_path / "speech.npz"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from conftest import assert_gradients_match
-from linattn.model.ctc import (ctc_loss, ctc_loss_backward, edit_distance, greedy_decode,
+from linattn.model.speech.ctc import (ctc_loss, ctc_loss_backward, edit_distance, greedy_decode,
                                phoneme_error_rate)
 
 

@@ -1,11 +1,12 @@
-"""The lean path's compiled layers (``linattn.model.fused``) against the NumPy layers they
+"""The lean path's compiled layers (``linattn.model.fast.fused``) against the NumPy layers they
 replace (``linattn.model.layers``, float64, odd sizes, one row), their backward passes
 against central finite differences, float32, NaN and large inputs."""
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from linattn.model import fused, layers
+from linattn.model import layers
+from linattn.model.fast import fused
 
 from conftest import assert_gradients_match
 

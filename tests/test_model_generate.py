@@ -4,7 +4,7 @@ recomputing the parallel form picks; sampling is seeded. The lean loop ``generat
 import numpy as np
 import pytest
 
-from linattn.model import decode
+from linattn.model.fast import decode
 from linattn.model.config import ModelConfig
 from linattn.model.generate import KVCache, generate, sample, step
 from linattn.model.transformer import forward, init_params

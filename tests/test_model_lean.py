@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import numerical_parameter_gradients, relative_error
-from linattn.model import lean
+from linattn.model.fast import lean
 from linattn.model.config import ModelConfig
 from linattn.model.layers import cross_entropy
 from linattn.model.transformer import (block, block_params, forward, forward_lean,

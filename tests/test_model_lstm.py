@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_gradients_match, relative_error
-from linattn.model.lstm import (backward, bilstm_layer, bilstm_layer_backward, forward,
+from linattn.model.speech.lstm import (backward, bilstm_layer, bilstm_layer_backward, forward,
                                 init_params, reverse_padded)
 
 LENGTHS = np.array([6, 3, 5])

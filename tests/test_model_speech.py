@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from linattn.model.config import ATTENTIONS
-from linattn.model.ctc import ctc_loss, edit_distance
-from linattn.model.speech import (SpeechConfig, check_speech_config, decode, forward,
+from linattn.model.speech.ctc import ctc_loss, edit_distance
+from linattn.model.speech.models import (SpeechConfig, check_speech_config, decode, forward,
                                   init_params, loss_and_grads)
-from linattn.model.speech_task import SpeechTask, epoch_batches, pad_batch, trivial_per
+from linattn.model.speech.task import SpeechTask, epoch_batches, pad_batch, trivial_per
 
 from conftest import numerical_parameter_gradients
 

@@ -7,11 +7,11 @@ import pytest
 
 from linattn.__main__ import main
 from linattn.model.checkpoint import load_checkpoint
-from linattn.model.speech import init_params, loss_and_grads
-from linattn.model.speech_task import SpeechTask, pad_batch
-from linattn.model import speech_train
+from linattn.model.speech.models import init_params, loss_and_grads
+from linattn.model.speech.task import SpeechTask, pad_batch
+from linattn.model.speech import train as speech_train
 from linattn.model.optim import AdamConfig
-from linattn.model.speech_train import (SpeechTrainConfig, read_speech_log, run_speech,
+from linattn.model.speech.train import (SpeechTrainConfig, read_speech_log, run_speech,
                                         speech_curves, speech_setup)
 
 TASK = SpeechTask(n_phonemes=4, n_features=6, min_phonemes=2, max_phonemes=5, min_hold=2,

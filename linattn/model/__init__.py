@@ -9,23 +9,22 @@ The speech experiment (section 4.3), on SYNTHETIC data: ``speech_task`` (the dat
 ``ctc`` (loss, decoding, error rate), ``lstm`` (Bi-LSTM), ``encoder`` (non-causal
 transformer), ``speech`` (the models behind one config), ``speech_train``.
 """
-from .._environment import keep_freed_memory
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import ModelConfig
-from .ctc import (ctc_loss, ctc_loss_backward, edit_distance, greedy_decode,
+from .speech.ctc import (ctc_loss, ctc_loss_backward, edit_distance, greedy_decode,
                   phoneme_error_rate)
 from .generate import generate
 from .optim import AdamConfig, AdamState, adam_init, adam_update
-from .speech import SpeechConfig
-from .speech_task import SpeechTask, trivial_per
-from .speech_train import SpeechTrainConfig, evaluate_per, run_speech, speech_curves
+from .speech.models import SpeechConfig
+from .speech.task import SpeechTask, trivial_per
+from .speech.train import SpeechTrainConfig, evaluate_per, run_speech, speech_curves
 from .tasks import CopyTask, DigitsTask, load_digits
 from .train import TrainConfig, copy_task_curves, evaluate, read_log, run
 from .transformer import backward, forward, init_params, loss_and_grads
 
 __all__ = [
     "ModelConfig", "init_params", "forward", "backward", "loss_and_grads",
-    "AdamConfig", "AdamState", "adam_init", "adam_update", "keep_freed_memory",
+    "AdamConfig", "AdamState", "adam_init", "adam_update",
     "save_checkpoint", "load_checkpoint", "CheckpointError",
     "TrainConfig", "run", "evaluate", "read_log", "copy_task_curves", "generate",
     "CopyTask", "DigitsTask", "load_digits",

@@ -36,7 +36,7 @@ import numpy as np
 from ..linear import linear_attention, linear_attention_backward
 from ..lsh import lsh_attention, lsh_attention_backward
 from ..softmax import softmax_attention, softmax_attention_backward
-from . import fused
+from .fast import fused
 from .layers import linear, linear_backward
 
 PROJECTIONS = ("q", "k", "v", "o")

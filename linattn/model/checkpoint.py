@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import speech
+from .speech import models as speech
 from .config import ModelConfig
 from .optim import AdamState
 from .transformer import init_params

@@ -1,10 +1,9 @@
-"""The command line of the model: ``train``, ``generate`` and ``speed``.
+"""The command line of the model: ``train`` and ``generate``.
 
     python -m linattn train copy --attention linear          # -> runs/copy/linear/
     python -m linattn train digits --attention softmax       # -> runs/digits/softmax/
     python -m linattn train speech --model linear             # -> runs/speech/linear/
     python -m linattn generate --checkpoint runs/digits/linear/checkpoint.npz --n 16
-    python -m linattn speed --batch 1 16 --csv runs/generation_speed.csv
 
 ``train`` writes ``checkpoint.npz`` and ``log.csv`` (the loss curve) to ``--out``; the
 checkpoint's ``meta`` records the task, so ``generate`` knows what to write: a PNG grid of
@@ -76,9 +75,9 @@ def _task(args):
 
 
 def _speech_parser():
-    from .speech import MODELS
-    from .speech_task import SpeechTask
-    from .speech_train import DEFAULT_SPEECH, DEFAULT_SPEECH_ADAM, SpeechTrainConfig
+    from .speech.models import MODELS
+    from .speech.task import SpeechTask
+    from .speech.train import DEFAULT_SPEECH, DEFAULT_SPEECH_ADAM, SpeechTrainConfig
     task, train_cfg = SpeechTask(), SpeechTrainConfig()
     ap = argparse.ArgumentParser(
         prog="python -m linattn train speech",
@@ -114,8 +113,8 @@ def _speech_parser():
 def speech_train_main(argv=None):
     """``python -m linattn train speech --model ...``: train on the SYNTHETIC phoneme task,
     one line per epoch (train loss, validation PER, s/epoch), then the test PER."""
-    from .speech_task import SpeechTask, trivial_per
-    from .speech_train import (DEFAULT_SPEECH, SpeechTrainConfig, evaluate_per, run_speech,
+    from .speech.task import SpeechTask, trivial_per
+    from .speech.train import (DEFAULT_SPEECH, SpeechTrainConfig, evaluate_per, run_speech,
                                speech_setup)
     args = vars(_speech_parser().parse_args(argv))
     data = ("n_train", "n_valid", "n_test", "min_phonemes", "max_phonemes", "noise")
@@ -133,7 +132,8 @@ def speech_train_main(argv=None):
     splits = {name: task.split(name) for name in ("train", "valid", "test")}
     params, _ = run_speech(cfg, task, train_cfg, adam, out_dir=out, resume=args["resume"],
                            progress=not args["quiet"], echo=True,
-                           meta={"train_args": {**args, "task": "speech"}}, splits=splits)
+                           meta={"train_args": {**args, "task": "speech"}}, splits=splits,
+                           keep_freed_memory=True)
     trivial = trivial_per([u.labels for u in splits["train"]], [u.labels for u in splits["test"]])
     print(f"test PER after {train_cfg.epochs} epochs: "
           f"{evaluate_per(params, cfg, splits['test'], train_cfg.batch_size):.4f} "
@@ -159,7 +159,8 @@ def train_main(argv=None):
           f"({cfg.n_layers} layers, {cfg.n_heads} heads of {cfg.d_head}, N = {task.seq_len})"
           f" -> {out}", file=sys.stderr)
     params, _ = run(cfg, task, train_cfg, adam, out_dir=out, resume=args["resume"],
-                    progress=not args["quiet"], meta={"train_args": args})
+                    progress=not args["quiet"], meta={"train_args": args},
+                    keep_freed_memory=True)
     loss, accuracy = evaluate(params, cfg, held_out_batches(task, train_cfg), train_cfg.path)
     score = (f"{loss / np.log(2):.4f} bits/dim" if args["task"] == "digits"
              else f"loss {loss:.4f} nats/token, accuracy {accuracy:.4f}")
@@ -222,34 +223,4 @@ def generate_main(argv=None):
         print(f"copy accuracy {np.mean(copied == w):.4f} over {args.n} strings",
               file=sys.stderr)
     print(f"wrote {args.n} samples to {out}", file=sys.stderr)
-    return 0
-
-
-def speed_main(argv=None):
-    """``python -m linattn speed``: images per second of the generation forms at the paper's
-    MNIST shape (``speed.speed_table``), printed as a table; ``--csv`` writes its rows."""
-    from . import speed
-    ap = argparse.ArgumentParser(prog="python -m linattn speed",
-                                 description="Generation speed at the paper's MNIST shape "
-                                             "(8 layers, 8 heads, d_model 256, N = 784): the "
-                                             "RNN form against softmax forms and, with "
-                                             "--peer-python, pytorch-fast-transformers.")
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16],
-                    help="images generated together (default: 1 16)")
-    ap.add_argument("--rounds", type=int, default=3, help="timed generations per row")
-    ap.add_argument("--peer-python", default=None,
-                    help="an interpreter with torch and pytorch-fast-transformers")
-    ap.add_argument("--budget", type=float, default=60.0,
-                    help="seconds: recomputing the prefix is estimated past this")
-    ap.add_argument("--csv", help="also write the rows to this CSV file")
-    args = ap.parse_args(argv)
-    if min(args.batch) < 1 or args.rounds < 1:
-        ap.error("--batch and --rounds must be positive")
-    rows, meta = speed.speed_table(args.batch, args.rounds, args.peer_python, args.budget)
-    print(speed.format_table(rows, meta), end="")
-    if args.csv:
-        from ..figures import GENERATION_COLUMNS, write_csv
-        os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
-        write_csv(args.csv, rows, GENERATION_COLUMNS, {"figure": "generation_speed", **meta})
-        print(f"wrote {args.csv}", file=sys.stderr)
     return 0

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..linear import linear_attention_step
 from ..softmax import softmax_attention
-from . import decode
+from .fast import decode
 from .attention import merge_heads, split_heads
 from .layers import layer_norm, linear
 from .transformer import block_params, embed, forward, mlp

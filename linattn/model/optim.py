@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .fused import adam_step, sum_squares
+from .fast.fused import adam_step, sum_squares
 
 
 class AdamConfig(NamedTuple):

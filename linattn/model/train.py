@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 from tqdm import tqdm
 
-from .._environment import keep_freed_memory
+from .. import threads
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ModelConfig
 from .layers import cross_entropy
@@ -109,7 +109,7 @@ def start_or_resume(cfg, init, seed, out_dir, resume):
 
 
 def run(cfg, task, train_cfg, adam=AdamConfig(), out_dir=None, resume=False,
-        progress=False, meta=None):
+        progress=False, meta=None, keep_freed_memory=False):
     """Train ``cfg`` on ``task`` for ``train_cfg.steps`` updates in total.
 
     Parameters
@@ -127,13 +127,18 @@ def run(cfg, task, train_cfg, adam=AdamConfig(), out_dir=None, resume=False,
         Draw a progress bar (loss, tokens/s) on stderr.
     meta : dict, optional
         JSON-able settings saved in the checkpoint (the command line stores its arguments).
+    keep_freed_memory : bool
+        Make glibc keep freed arrays for reuse (``linattn.threads.keep_freed_memory``), a
+        setting of the whole process that saves each step's page faults; the command line
+        turns it on, a library call leaves the allocator alone by default.
 
     Returns
     -------
     params : dict
     opt_state : AdamState
     """
-    keep_freed_memory()                      # no page faults for each step's fresh arrays
+    if keep_freed_memory:
+        threads.keep_freed_memory()          # no page faults for each step's fresh arrays
     ckpt_path, params, opt_state = start_or_resume(cfg, init_params, train_cfg.seed,
                                                    out_dir, resume)
     log, writer, offset = (open_log(os.path.join(out_dir, "log.csv"), opt_state.step, resume)
@@ -197,7 +202,7 @@ def copy_setup(attention="linear", paper=False, variable=True, positions="learne
 
 def copy_task_curves(out_dir=os.path.join("runs", "copy"), attentions=("linear", "softmax"),
                      train_cfg=TrainConfig(), adam=DEFAULT_ADAM, reuse=True,
-                     progress=False, **setup):
+                     progress=False, keep_freed_memory=False, **setup):
     """Train each attention on the copy task and write their loss curves to one CSV, the
     data of the paper's figure 2.
 
@@ -212,6 +217,10 @@ def copy_task_curves(out_dir=os.path.join("runs", "copy"), attentions=("linear",
     reuse : bool
         Keep a run whose log already reaches ``train_cfg.steps`` instead of retraining.
     progress : bool
+    keep_freed_memory : bool
+        Make glibc keep freed arrays for reuse (``linattn.threads.keep_freed_memory``), a
+        setting of the whole process that saves each step's page faults; the command line
+        turns it on, a library call leaves the allocator alone by default.
     **setup
         Passed to ``copy_setup`` (e.g. ``paper=True``, ``length=8``).
 
@@ -231,7 +240,8 @@ def copy_task_curves(out_dir=os.path.join("runs", "copy"), attentions=("linear",
             log_path = os.path.join(run_dir, "log.csv")
             if not (reuse and os.path.exists(log_path)
                     and read_log(log_path)["step"][-1:].tolist() == [train_cfg.steps]):
-                run(cfg, task, train_cfg, adam, out_dir=run_dir, progress=progress)
+                run(cfg, task, train_cfg, adam, out_dir=run_dir, progress=progress,
+                    keep_freed_memory=keep_freed_memory)
             with open(log_path, newline="") as log:
                 writer.writerows([attention, *row] for row in list(csv.reader(log))[1:])
     return path

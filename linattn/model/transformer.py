@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import fused, lean
+from .fast import fused, lean
 from .attention import PROJECTIONS, attention, attention_backward
 from .config import check_config
 from .layers import (ACTIVATIONS, cross_entropy, cross_entropy_backward, embedding,

@@ -42,5 +42,5 @@ measurement are in ``dispatch.AUTO_METHOD``).
 
 The compiled loops' OpenMP threads spin briefly (about 0.1 ms) and then sleep, and OpenBLAS's
 threads spin a shorter while after a product than their default: set at import by
-``linattn._environment``, which has the measurements.
+``linattn.threads``, which has the measurements.
 """

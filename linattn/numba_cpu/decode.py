@@ -1,5 +1,5 @@
 """The element work of one generated token, between its matrix products: the compiled part
-of the lean loop of ``linattn.model.decode`` (``generate``'s "recurrent" and "cache"
+of the lean loop of ``linattn.model.fast.decode`` (``generate``'s "recurrent" and "cache"
 methods; section 3.4 of Katharopoulos et al. (2020), arXiv:2006.16236, and Eq. (1) in its
 pre-norm form).
 

@@ -7,7 +7,7 @@ raises NotImplementedError (the notebook's starting point).
 import numpy as np
 
 import linattn
-from linattn.bench.timing import peak_bytes
+from linattn.lab.bench.timing import peak_bytes
 
 from ._exercises import report as _report
 

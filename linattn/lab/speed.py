@@ -20,18 +20,20 @@ form calls ``generate``; the three rows differ only in ``method``:
 
 Timing only; correctness is in the tests. Both sides run on ``THREADS`` threads.
 """
+import argparse
 import contextlib
 import json
 import os
 import subprocess
+import sys
 
 import numpy as np
 
-from .._environment import user_environment
-from . import decode
-from .config import ModelConfig
-from .generate import generate
-from .transformer import init_params
+from ..threads import user_environment
+from ..model.fast import decode
+from ..model.config import ModelConfig
+from ..model.generate import generate
+from ..model.transformer import init_params
 
 # the paper's MNIST model (section 4.2.1), with 256 grey levels as tokens
 MNIST = dict(vocab_size=256, d_model=256, n_layers=8, n_heads=8, d_mlp=1024)
@@ -84,7 +86,7 @@ def _threads(n):
     what was set (the BLAS is left alone without threadpoolctl, and the line says so)."""
     import numba
 
-    from ..bench.timing import blas_limiter
+    from .bench.timing import blas_limiter
     before = numba.get_num_threads()
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     limit = blas_limiter()
@@ -100,7 +102,7 @@ def _threads(n):
 
 
 def _timed(f, rounds):
-    from ..bench.timing import seconds
+    from .bench.timing import seconds
     return seconds(f, repeats=rounds, warmup=0)[0]
 
 
@@ -188,8 +190,8 @@ def speed_table(batches=(1, 16), rounds=3, peer_python=None, budget_s=60.0, shap
     meta : dict
         machine, threads, peers, dtype, model: strings for captions.
     """
-    from ..bench.timing import machine
-    from ..measure import machine_caption
+    from .bench.timing import machine
+    from .measure import machine_caption
     shape = {**MNIST, **(shape or {})}
     rows = []
     with _threads(threads) as threads_note:
@@ -246,3 +248,38 @@ def format_table(rows, meta):
               f"machine: {meta['machine']}", f"threads: {meta['threads']}; peers: "
               f"{meta['peers']}"]
     return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    """``python -m linattn speed``: images per second of the generation forms at the paper's
+    MNIST shape (``speed_table``), printed as a table; ``--csv`` writes its rows."""
+    ap = argparse.ArgumentParser(prog="python -m linattn speed",
+                                 description="Generation speed at the paper's MNIST shape "
+                                             "(8 layers, 8 heads, d_model 256, N = 784): the "
+                                             "RNN form against softmax forms and, with "
+                                             "--peer-python, pytorch-fast-transformers.")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16],
+                    help="images generated together (default: 1 16)")
+    ap.add_argument("--rounds", type=int, default=3, help="timed generations per row")
+    ap.add_argument("--peer-python", default=None,
+                    help="an interpreter with torch and pytorch-fast-transformers")
+    ap.add_argument("--budget", type=float, default=60.0,
+                    help="seconds: recomputing the prefix is estimated past this")
+    ap.add_argument("--csv", help="also write the rows to this CSV file")
+    args = ap.parse_args(argv)
+    if min(args.batch) < 1 or args.rounds < 1:
+        ap.error("--batch and --rounds must be positive")
+    rows, meta = speed_table(args.batch, args.rounds, args.peer_python, args.budget)
+    print(format_table(rows, meta), end="")
+    if args.csv:
+        from .figures import GENERATION_COLUMNS, write_csv
+        os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
+        write_csv(args.csv, rows, GENERATION_COLUMNS, {"figure": "generation_speed", **meta})
+        print(f"wrote {args.csv}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    from linattn import threads
+    threads.relaunch_configured()       # OpenBLAS reads its thread timeout when it loads
+    sys.exit(main())

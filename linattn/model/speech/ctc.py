@@ -26,7 +26,7 @@ every alignment and to central finite differences.
 """
 import numpy as np
 
-from .. import _checks
+from ... import _checks
 
 
 def _log_softmax(logits):

@@ -39,8 +39,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..recurrence import Recurrence
-from .transformer import block_params, sinusoidal_positions
+from ...recurrence import Recurrence
+from ..transformer import block_params, sinusoidal_positions
 
 
 class Block(NamedTuple):
@@ -164,7 +164,7 @@ def _matmul(w, x, out):
 def _multiply(b):
     """The loop's out = w x for a batch of b columns: ``numba_cpu.decode.product`` (two
     blocks of rows on two threads) at b = 1, NumPy's single BLAS call otherwise."""
-    from ..numba_cpu import decode as kernels          # numba is imported on first use
+    from ...numba_cpu import decode as kernels          # numba is imported on first use
     return kernels.product if b == 1 else _matmul
 
 
@@ -181,7 +181,7 @@ def token_logits(weights, buf, memories, cfg, tokens, t):
     Cost per token: O(L B d_model (4 d_model + 2 d_mlp) + B d_model V) for the products,
     plus O(L B d_model d_head) (linear) or O(L B t d_model) (softmax) for the attention.
     """
-    from ..numba_cpu import decode as kernels          # numba is imported on first use
+    from ...numba_cpu import decode as kernels          # numba is imported on first use
     b, d = buf.x.shape[1], cfg.d_model
     relu, scale = cfg.activation == "relu", buf.x.dtype.type(cfg.d_head ** -0.5)
     first = weights.blocks[0]

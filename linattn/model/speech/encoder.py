@@ -20,9 +20,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .config import check_config
-from .layers import layer_norm, layer_norm_backward, linear, linear_backward
-from .transformer import (block, block_backward, block_params, init_blocks_and_head,
+from ..config import check_config
+from ..layers import layer_norm, layer_norm_backward, linear, linear_backward
+from ..transformer import (block, block_backward, block_params, init_blocks_and_head,
                           sinusoidal_positions)
 
 

@@ -23,13 +23,13 @@ from typing import NamedTuple
 import numpy as np
 from tqdm import tqdm
 
-from .._environment import keep_freed_memory
-from .checkpoint import load_checkpoint, save_checkpoint
+from ... import threads
+from ..checkpoint import load_checkpoint, save_checkpoint
 from .ctc import phoneme_error_rate
-from .optim import AdamConfig, adam_update
-from .speech import SpeechConfig, check_speech_config, decode, init_params, loss_and_grads
-from .speech_task import SpeechTask, epoch_batches, pad_batch, trivial_per
-from .train import open_log, start_or_resume
+from ..optim import AdamConfig, adam_update
+from .models import SpeechConfig, check_speech_config, decode, init_params, loss_and_grads
+from .task import SpeechTask, epoch_batches, pad_batch, trivial_per
+from ..train import open_log, start_or_resume
 
 # ours: 2-layer models, small enough to train in minutes on two cores with NumPy
 DEFAULT_SPEECH = dict(d_model=64, n_layers=2, n_heads=4, d_mlp=256, hidden=64, lstm_layers=2)
@@ -70,7 +70,8 @@ def evaluate_per(params, cfg, utterances, batch_size=16):
 
 
 def run_speech(cfg, task, train_cfg, adam=DEFAULT_SPEECH_ADAM, out_dir=None, resume=False,
-               progress=False, echo=False, meta=None, splits=None):
+               progress=False, echo=False, meta=None, splits=None,
+               keep_freed_memory=False):
     """Train ``cfg`` on the synthetic ``task`` for ``train_cfg.epochs`` epochs in total.
 
     Parameters
@@ -94,13 +95,18 @@ def run_speech(cfg, task, train_cfg, adam=DEFAULT_SPEECH_ADAM, out_dir=None, res
     splits : dict, optional
         ``{"train": [...], "valid": [...]}`` lists of Utterance, to reuse across runs;
         generated from ``task`` if None.
+    keep_freed_memory : bool
+        Make glibc keep freed arrays for reuse (``linattn.threads.keep_freed_memory``), a
+        setting of the whole process that saves each step's page faults; the command line
+        turns it on, a library call leaves the allocator alone by default.
 
     Returns
     -------
     params : dict
     opt_state : AdamState
     """
-    keep_freed_memory()                      # no page faults for each step's fresh arrays
+    if keep_freed_memory:
+        threads.keep_freed_memory()          # no page faults for each step's fresh arrays
     ckpt_path, params, opt_state = start_or_resume(cfg, init_params, train_cfg.seed,
                                                    out_dir, resume)
     splits = splits or {name: task.split(name) for name in ("train", "valid")}
@@ -168,7 +174,7 @@ def read_speech_log(path):
 
 def speech_curves(out_dir=os.path.join("runs", "speech"), models=("bilstm", "softmax", "linear"),
                   task=SpeechTask(), train_cfg=SpeechTrainConfig(), adam=DEFAULT_SPEECH_ADAM,
-                  reuse=True, progress=False, echo=False, **sizes):
+                  reuse=True, progress=False, echo=False, keep_freed_memory=False, **sizes):
     """Train each model for the same epochs on the SYNTHETIC task; write its curves and a
     Table-3-style table.
 
@@ -187,7 +193,7 @@ def speech_curves(out_dir=os.path.join("runs", "speech"), models=("bilstm", "sof
     adam : AdamConfig
     reuse : bool
         Keep a run whose log already reaches ``train_cfg.epochs`` instead of retraining.
-    progress, echo : bool
+    progress, echo, keep_freed_memory : bool
         Passed to ``run_speech``.
     **sizes
         Passed to ``speech_setup`` (``d_model``, ``hidden``, ...).
@@ -209,7 +215,7 @@ def speech_curves(out_dir=os.path.join("runs", "speech"), models=("bilstm", "sof
             run_dir = os.path.join(out_dir, model)
             if not (reuse and _finished(run_dir, train_cfg.epochs)):
                 run_speech(cfg, task, train_cfg, adam, out_dir=run_dir, progress=progress,
-                           echo=echo, splits=splits)
+                           echo=echo, splits=splits, keep_freed_memory=keep_freed_memory)
             params = load_checkpoint(os.path.join(run_dir, "checkpoint.npz"), expect=cfg).params
             with open(os.path.join(run_dir, "log.csv"), newline="") as log:
                 writer.writerows([model, *row] for row in list(csv.reader(log))[1:])

@@ -1,4 +1,4 @@
-"""``python -m linattn.bench``: the paper's central claim measured on this machine.
+"""``python -m linattn.lab.bench``: the paper's central claim measured on this machine.
 
 Linear attention's time and memory grow linearly in N, softmax attention's quadratically,
 and the RNN form generates each token at a constant cost (Katharopoulos et al. 2020,
@@ -32,11 +32,11 @@ import numpy as np
 from tqdm import tqdm
 
 from . import cases, report, timing
-from .._environment import user_environment
+from ...threads import user_environment
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(prog="python -m linattn.bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m linattn.lab.bench", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes, under a minute")
     p.add_argument("--out", default=os.path.join("figures", "data"), help="output directory")
     p.add_argument("--batch", type=int, default=1)

@@ -1,7 +1,7 @@
 """The figures: measurement rows -> a PNG and a CSV of the raw numbers beside it.
 
-``python -m linattn.figures [--quick] [--out DIR]`` (or ``python -m linattn figures``)
-regenerates ``figures/`` from fresh measurements (``linattn.measure`` computes the rows);
+``python -m linattn.lab.figures [--quick] [--out DIR]`` (or ``python -m linattn figures``)
+regenerates ``figures/`` from fresh measurements (``linattn.lab.measure`` computes the rows);
 the notebooks call the same functions on their own small measurements, so no figure is drawn
 two ways. Each figure function takes a list of rows (dicts) and a path, and writes
 ``path.png`` and ``path.csv``; the CSV opens with ``# key: value`` lines naming the figure,
@@ -304,7 +304,7 @@ def copy_task_loss(rows, path, title=None, caption=None):
     figure 2 of the paper: one panel for the training batches' loss (``train_loss``, the
     loss of step s's batch before its update) and one for the held-out loss (``eval_loss``,
     after s updates; rows without it are left out of that panel). Rows: COPY_COLUMNS, from
-    ``linattn.measure.copy_task_rows``."""
+    ``linattn.lab.measure.copy_task_rows``."""
     return _figure(rows, path, "step", ("train_loss", "eval_loss"), COPY_COLUMNS,
                    "training step", "cross-entropy (nats per copied symbol)", title,
                    loglog=False, caption=caption)
@@ -313,8 +313,8 @@ def copy_task_loss(rows, path, title=None, caption=None):
 def speech_per(rows, path, title=None, caption=None):
     """Validation phoneme error rate against epoch, log y over linear x, one line per model,
     and the seconds each epoch took (the speech experiment, table 3 of the paper, on the
-    SYNTHETIC task of ``linattn.model.speech_task``). Rows: SPEECH_COLUMNS, from
-    ``linattn.measure.speech_rows``."""
+    SYNTHETIC task of ``linattn.model.speech.task``). Rows: SPEECH_COLUMNS, from
+    ``linattn.lab.measure.speech_rows``."""
     return _figure(rows, path, "epoch", ("valid_per", "epoch_s"), SPEECH_COLUMNS, "epoch",
                    "", title, loglog=False, caption=caption)
 
@@ -322,7 +322,7 @@ def speech_per(rows, path, title=None, caption=None):
 def generation_speed(rows, path, title=None, caption=None):
     """Images per second and seconds per image of each generation form, one group of bars
     per batch size, log y: the measured form of Tables 1, 4 and 5 of the paper. Rows:
-    GENERATION_COLUMNS, from ``linattn.model.speed.speed_table``; rows whose ``library`` is
+    GENERATION_COLUMNS, from ``linattn.lab.speed.speed_table``; rows whose ``library`` is
     not linattn (the peers) are hatched ``//`` with a dashed edge, and estimated rows
     (``measured`` false) are pale and marked "est." over their bar."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -362,7 +362,7 @@ def generation_speed(rows, path, title=None, caption=None):
     return _save(fig, rows, path, GENERATION_COLUMNS, caption)
 
 
-# ---- the figures of ``python -m linattn.figures`` -----------------------------------------
+# ---- the figures of ``python -m linattn.lab.figures`` -----------------------------------------
 
 def _feature_maps(out, quick, caption, peer_python):
     if quick:
@@ -439,7 +439,7 @@ def _generation(out, quick, caption, peer_python):
     """Generating images at the paper's MNIST shape (``model.speed.speed_table``): each form
     at batch 1 and 16, pft's RNN too when ``peer_python`` is given. Quick: a tiny model,
     N = 16, no peers."""
-    from .model import speed
+    from . import speed
     if quick:
         rows, meta = speed.speed_table(batches=(1, 2), rounds=1, n=16, shape=dict(
             vocab_size=8, d_model=16, n_layers=2, n_heads=2, d_mlp=32))
@@ -464,7 +464,7 @@ FIGURES = [("time_vs_n, memory_vs_n, time_per_token", _benchmark),
 
 
 def main(argv=None):
-    """``python -m linattn.figures [--quick] [--out DIR]``: regenerate every figure."""
+    """``python -m linattn.lab.figures [--quick] [--out DIR]``: regenerate every figure."""
     parser = argparse.ArgumentParser(
         prog="python -m linattn figures",
         description="Measure afresh and write each figure as a PNG with a CSV beside it.")
@@ -486,4 +486,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    from linattn import threads
+    threads.relaunch_configured()       # OpenBLAS reads its thread timeout when it loads
     sys.exit(main())

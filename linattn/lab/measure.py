@@ -1,4 +1,4 @@
-"""Measurements that produce the rows of ``linattn.figures``: each function computes, the
+"""Measurements that produce the rows of ``linattn.lab.figures``: each function computes, the
 figure functions only draw. For Katharopoulos et al. (2020), arXiv:2006.16236.
 
 - ``feature_map_error_rows``: feature maps against softmax (Eq. 2-4), for
@@ -10,7 +10,7 @@ figure functions only draw. For Katharopoulos et al. (2020), arXiv:2006.16236.
   (section 4.3, table 3 of the paper) on a SYNTHETIC stand-in for WSJ, for
   ``figures.speech_per``;
 - ``benchmark_rows``: time, memory and time per generated token from one run of
-  ``linattn.bench`` (sections 3.3-3.4, figure 1 of the paper), for ``figures.time_vs_n``,
+  ``linattn.lab.bench`` (sections 3.3-3.4, figure 1 of the paper), for ``figures.time_vs_n``,
   ``figures.memory_vs_n`` and ``figures.time_per_token``.
 
 Nothing here draws or imports matplotlib; the figures and the notebooks call these functions.
@@ -21,10 +21,10 @@ import os
 
 import numpy as np
 
-from .feature_maps import Favor, Taylor
-from .linear import linear_attention
-from .model.train import DEFAULT_ADAM, TrainConfig, copy_task_curves, read_log
-from .softmax import softmax_attention
+from ..feature_maps import Favor, Taylor
+from ..linear import linear_attention
+from ..model.train import DEFAULT_ADAM, TrainConfig, copy_task_curves, read_log
+from ..softmax import softmax_attention
 
 
 def _relative(got, want):
@@ -111,7 +111,7 @@ def copy_task_rows(out_dir, steps=1000, batch_size=32, eval_every=50, seed=0, le
     train_cfg = TrainConfig(steps=steps, batch_size=batch_size, seed=seed,
                             eval_every=eval_every, checkpoint_every=steps)
     copy_task_curves(os.fspath(out_dir), attentions, train_cfg, adam, reuse=False,
-                     length=length, **setup)
+                     keep_freed_memory=True, length=length, **setup)
     rows = []
     for attention in attentions:
         log = read_log(os.path.join(out_dir, attention, "log.csv"))
@@ -145,8 +145,8 @@ def speech_rows(out_dir, quick=False):
         model, n_params, epochs, test_per, s_per_epoch (the median epoch), and two rows
         for outputs that ignore the audio (the trivial baselines).
     """
-    from .model.speech_task import SpeechTask
-    from .model.speech_train import SpeechTrainConfig, speech_curves
+    from ..model.speech.task import SpeechTask
+    from ..model.speech.train import SpeechTrainConfig, speech_curves
 
     if quick:
         task, epochs = SpeechTask(min_phonemes=2, max_phonemes=4, n_train=8, n_valid=4,
@@ -156,7 +156,7 @@ def speech_rows(out_dir, quick=False):
         task, epochs, sizes = SpeechTask(**SPEECH_TASK), SPEECH_EPOCHS, {}
     curves, table = speech_curves(os.fspath(out_dir), SPEECH_MODELS, task,
                                   SpeechTrainConfig(epochs=epochs, batch_size=16),
-                                  reuse=False, **sizes)
+                                  reuse=False, keep_freed_memory=True, **sizes)
     with open(curves, newline="") as f:
         rows = [{"name": r["model"], "epoch": int(r["epoch"]),
                  "valid_per": float(r["valid_per"]), "epoch_s": float(r["epoch_s"])}
@@ -190,7 +190,7 @@ FIGURE1_BUDGET = 15.0
 
 
 def benchmark_rows(out_dir, quick=False, peer_python=None, budget=FIGURE1_BUDGET):
-    """Run ``python -m linattn.bench`` once into ``out_dir`` (bench.json, bench_*.csv,
+    """Run ``python -m linattn.lab.bench`` once into ``out_dir`` (bench.json, bench_*.csv,
     bench.txt) on the cases of ``BENCH_NAMES``, as the paper's Figure 1 ran: 8 heads,
     D = M = 64, float32, N = 2^9 .. 2^16 with the batch scaled so that batch x N = 2^16
     tokens, each case until one forward + backward takes ``budget`` seconds; the peers of

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .layers import linear, linear_backward
+from ..layers import linear, linear_backward
 
 
 class ScanCache(NamedTuple):

@@ -1,4 +1,4 @@
-"""``python -m linattn.bench.train_step``: one training step of the paper's copy-task model,
+"""``python -m linattn.lab.bench.train_step``: one training step of the paper's copy-task model,
 linattn against the paper authors' own, head to head.
 
 The model is that of section 4.1 of Katharopoulos et al. (2020), arXiv:2006.16236: 4 layers,
@@ -32,18 +32,18 @@ import sys
 import numpy as np
 
 from . import timing
-from .._environment import keep_freed_memory, user_environment
-from ..model.optim import AdamConfig, adam_init, adam_update
-from ..model.tasks import batch_rng
-from ..model.train import PAPER_COPY, copy_setup
-from ..model.transformer import init_params, loss_and_grads
+from ...threads import keep_freed_memory, user_environment
+from ...model.optim import AdamConfig, adam_init, adam_update
+from ...model.tasks import batch_rng
+from ...model.train import PAPER_COPY, copy_setup
+from ...model.transformer import init_params, loss_and_grads
 
 ADAM = AdamConfig(lr=1e-3)
 PEER = os.path.join(os.path.dirname(__file__), "peer_train.py")
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(prog="python -m linattn.bench.train_step",
+    p = argparse.ArgumentParser(prog="python -m linattn.lab.bench.train_step",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--peer-python", default=sys.executable,
                    help="interpreter with torch and pytorch-fast-transformers")
@@ -84,7 +84,7 @@ class Ours:
         self.cfg, self.model_cfg, self.batches = cfg, model_cfg, batches
         self.params = init_params(model_cfg, seed=0)
         self.state = adam_init(self.params)
-        keep_freed_memory()                  # as ``model.train.run`` does
+        keep_freed_memory()                  # as the training command does
 
     def step(self, b):
         loss, grads = loss_and_grads(self.params, self.model_cfg, *self.batches[b],
@@ -205,4 +205,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    from linattn import threads
+    threads.relaunch_configured()       # OpenBLAS reads its thread timeout when it loads
     sys.exit(main())

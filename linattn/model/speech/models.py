@@ -15,9 +15,9 @@ from typing import NamedTuple
 import numpy as np
 
 from . import encoder, lstm
-from .config import ATTENTIONS, DTYPES, ModelConfig, check_config
+from ..config import ATTENTIONS, DTYPES, ModelConfig, check_config
 from .ctc import ctc_loss, ctc_loss_backward, greedy_decode
-from .layers import ACTIVATIONS
+from ..layers import ACTIVATIONS
 
 MODELS = ("linear", "softmax", "lsh", "bilstm")
 

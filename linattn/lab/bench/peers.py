@@ -2,7 +2,7 @@
 pytorch-fast-transformers (its CPU causal product, causal and non-causal linear attention,
 and the recurrent step), timed like linattn in ``timing``, float32.
 
-Run as a script by ``python -m linattn.bench`` with an interpreter that has torch
+Run as a script by ``python -m linattn.lab.bench`` with an interpreter that has torch
 (``--peer-python``), since the peers are an optional extra; it reads one JSON configuration
 argument and prints one JSON object: every case at every N (``main``), or, for one round of
 the benchmark's head-to-head, pft's causal forward + backward and step (``head_to_head``).

@@ -1,4 +1,4 @@
-"""The paper authors' recurrent model generating images, timed like ``linattn.model.speed``
+"""The paper authors' recurrent model generating images, timed like ``linattn.lab.speed``
 times ours: pytorch-fast-transformers' ``RecurrentEncoderBuilder`` with linear attention
 (elu(x) + 1 feature map, Eq. 7 of Katharopoulos et al. 2020, arXiv:2006.16236), the
 transformer run as an RNN token by token (section 3.4, Eq. 16-20), float32, greedy.

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from linattn.model import speed
+from linattn.lab import speed
 
 TINY = dict(vocab_size=8, d_model=16, n_layers=2, n_heads=2, d_mlp=32)
 FAKE_PEER = """import json, sys
@@ -62,7 +62,7 @@ def test_format_table_names_every_row_and_how_it_was_timed():
 def test_products_floor_runs_the_loops_products(monkeypatch):
     """The floor row times ``decode.token_products``: n calls per image, with the loop's
     multiply (the two-block product at batch 1, NumPy's at batch 2)."""
-    from linattn.model import decode
+    from linattn.model.fast import decode
     from linattn.numba_cpu import decode as kernels
     calls, products = [], []
     real, real_product = decode.token_products, kernels.product
@@ -149,8 +149,8 @@ def _fixture_rows():
 
 
 def test_cli_parses_and_prints_the_table_and_csv(monkeypatch, tmp_path, capsys):
-    from linattn.figures import read_csv
-    from linattn.model.cli import speed_main
+    from linattn.lab.figures import read_csv
+    from linattn.lab.speed import main as speed_main
     seen = {}
 
     def fake_table(batches, rounds, peer_python, budget_s):
@@ -172,7 +172,7 @@ def test_cli_parses_and_prints_the_table_and_csv(monkeypatch, tmp_path, capsys):
 
 @pytest.mark.parametrize("argv", [["--batch", "0"], ["--rounds", "0"], ["--batch", "x"]])
 def test_cli_rejects_bad_arguments(argv, monkeypatch):
-    from linattn.model.cli import speed_main
+    from linattn.lab.speed import main as speed_main
     monkeypatch.setattr(speed, "speed_table", lambda *a: pytest.fail("should not run"))
     with pytest.raises(SystemExit):
         speed_main(argv)

@@ -3,7 +3,7 @@ versus N, timed with CUDA events, against PyTorch's causal ``scaled_dot_product_
 and a plain PyTorch cumulative-sum linear attention when torch is importable; the batched
 RNN step; achieved GFLOP/s and GB/s against the device's peaks.
 
-    python -m linattn.bench.gpu [--max-log2-n 20] [--json results.json]
+    python -m linattn.lab.bench.gpu [--max-log2-n 20] [--json results.json]
 
 Counts: forward 4 N D M flops per head (Eq. 9-12: the state update and the readout, 2 N D M
 each); forward+backward 12 N D M (the backward's four products added); bytes are each input
@@ -16,10 +16,10 @@ import time
 
 import numpy as np
 
-from ..cuda import chunked, cumulative, launch, step
-from ..feature_maps import EluPlusOne
-from ..forms.recurrent import zero_state
-from ..linear import linear_attention, linear_attention_backward
+from ...cuda import chunked, cumulative, launch, step
+from ...feature_maps import EluPlusOne
+from ...forms.recurrent import zero_state
+from ...linear import linear_attention, linear_attention_backward
 
 FP32_LANES = {"80": 64}      # FP32 lanes per multiprocessor; 128 on sm_86 and newer
 # SXM datasheet peaks (float32 GFLOP/s, GB/s), used where the driver reports no clocks
@@ -214,7 +214,7 @@ def summary(rows, step_row, peaks):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m linattn.bench.gpu", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m linattn.lab.bench.gpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-log2-n", type=int, default=20, help="largest N = 2^this")
     parser.add_argument("--heads", type=int, default=8)

@@ -24,7 +24,7 @@ sums over rows), the embedding's backward and Adam run on the calling thread, in
 Measured on a 2-core Xeon, one training step of the copy-task model at batch 16: with 2
 threads GELU and its backward took 7 and 12 ms of the step against 15 and 20 ms on one
 (they paid once OpenBLAS's threads stopped spinning for 0.1 s after each product, see
-``linattn._environment``; before, 2 threads did not pay); Adam's update of 3.2M parameters
+``linattn.threads``; before, 2 threads did not pay); Adam's update of 3.2M parameters
 took 6.8 ms parallel against 4.2 ms serial, and stays serial. Float32 stays float32; no
 fastmath (NaN in gives NaN out).
 """
@@ -33,8 +33,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
-from ..numba_cpu.elu import phi
-from .layers import _GELU_C
+from ...numba_cpu.elu import phi
+from ..layers import _GELU_C
 
 _CUBIC = 0.044715
 

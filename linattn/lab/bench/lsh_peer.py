@@ -2,7 +2,7 @@
 arXiv:2006.16236, section 4), against pytorch-fast-transformers' ``ReformerAttention``:
 forward and forward + backward at the same N, heads, widths, chunk size and rounds, float32.
 
-``python -m linattn.bench.lsh_peer --peer-python PATH`` times linattn's Numba backend here and
+``python -m linattn.lab.bench.lsh_peer --peer-python PATH`` times linattn's Numba backend here and
 pft in a subprocess (``PATH lsh_peer.py CONFIG``; that side never imports linattn), taking
 each side in turn ``--turns`` times, so that a shared machine's load weighs on both alike,
 and prints each side's medians and ranges over the turns (each turn's value the median of
@@ -90,7 +90,7 @@ def ours_seconds(config, n):
 def head_to_head(config, peer_python, turns):
     """{side: [one dict of seconds per turn]}, linattn then pft in each turn."""
     # here, not at the top: the peer's side has no linattn
-    from .._environment import user_environment
+    from ...threads import user_environment
     script = os.path.abspath(__file__)
     sides = {"linattn": [], "pft": []}
     for _ in range(turns):
@@ -121,7 +121,7 @@ def scaling(config, ns):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m linattn.bench.lsh_peer",
+    p = argparse.ArgumentParser(prog="python -m linattn.lab.bench.lsh_peer",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--peer-python", default=sys.executable)
     p.add_argument("--n", type=int, default=4096)

@@ -1,7 +1,7 @@
 """The training step's peer: the paper authors' own model, pytorch-fast-transformers'
 ``TransformerEncoder`` with causal linear attention (``TransformerEncoderBuilder``,
 ``attention_type="causal-linear"``), trained by PyTorch autograd and ``torch.optim.Adam``,
-float32, for ``python -m linattn.bench.train_step``.
+float32, for ``python -m linattn.lab.bench.train_step``.
 
 The model around the encoder is linattn's copy-task model (``linattn.model.transformer``):
 token embedding plus learned positions, the encoder (L layers, H heads of d_query, an MLP of

@@ -19,8 +19,8 @@ whole model's gradient on this path to the reference's, in float64).
 from typing import NamedTuple
 
 from . import fused
-from .attention import attention_fused, attention_fused_backward
-from .layers import ACTIVATIONS
+from ..attention import attention_fused, attention_fused_backward
+from ..layers import ACTIVATIONS
 
 
 class LeanBlockCache(NamedTuple):

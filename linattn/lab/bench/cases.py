@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from .. import (Recurrence, linear_attention, linear_attention_backward,
+from ... import (Recurrence, linear_attention, linear_attention_backward,
                 linear_attention_step, lsh_attention, lsh_attention_backward,
                 softmax_attention, softmax_attention_backward)
 from . import timing
