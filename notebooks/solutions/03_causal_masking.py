@@ -9,7 +9,7 @@ import numpy as np
 import linattn
 from linattn.lab.bench.timing import peak_bytes
 
-from ._exercises import report as _report
+from checks._exercises import report as _report
 
 
 

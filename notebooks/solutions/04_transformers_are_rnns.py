@@ -8,7 +8,7 @@ import numpy as np
 
 import linattn
 
-from ._exercises import report as _report
+from checks._exercises import report as _report
 
 
 

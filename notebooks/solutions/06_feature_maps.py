@@ -15,7 +15,7 @@ import numpy as np
 
 import linattn
 
-from ._exercises import attempter
+from checks._exercises import attempter
 
 _attempt = attempter(__file__)
 

@@ -16,7 +16,7 @@ import numpy as np
 from linattn.model.layers import cross_entropy, cross_entropy_backward
 from linattn.model.optim import AdamConfig, adam_init, adam_update
 
-from ._exercises import attempter
+from checks._exercises import attempter
 
 _attempt = attempter(__file__)
 

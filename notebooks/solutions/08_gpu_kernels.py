@@ -17,7 +17,7 @@ import numpy as np
 
 from linattn.forms import cumulative
 
-from ._exercises import attempter
+from checks._exercises import attempter
 
 _attempt = attempter(__file__)
 

@@ -26,7 +26,7 @@ from numba import njit
 
 from linattn.numba_cpu.elu import phi_into
 
-from ._exercises import attempter
+from checks._exercises import attempter
 
 _attempt = attempter(__file__)
 
