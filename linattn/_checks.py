@@ -237,53 +237,6 @@ def check_lsh(qk, v=None, dout=None, *, n_hashes, chunk_size, n_buckets, causal,
     return _in_compute_dtype(tuple(arrays))
 
 
-# --- CTC and the speech experiment (linattn.model.speech.ctc) -------------------------------------
-
-def int_vector(name, x, size):
-    """``x`` as an int64 vector of ``size`` entries, or a clear error."""
-    x = np.asarray(x)
-    if x.dtype.kind not in "iu" or x.shape != (size,):
-        raise ValueError(f"{name} must be an integer array of shape ({size},), got "
-                         f"{x.dtype} {x.shape}")
-    return x.astype(np.int64)
-
-
-def check_ctc(logits, input_lengths, labels, label_lengths, blank):
-    """Validate the inputs of ``ctc_loss``: logits (B, T, C) float, input_lengths (B,) in
-    1..T, labels (B, L_max) integers, label_lengths (B,) in 0..L_max, every counted label in
-    0..C-1 and not ``blank``, blank in 0..C-1.
-
-    Returns (logits, input_lengths, labels, label_lengths), the integers as int64.
-    """
-    logits = as_float_array("logits", logits)
-    if array_module(logits) is not np:
-        raise TypeError("ctc_loss runs on NumPy arrays")
-    if logits.ndim != 3 or 0 in logits.shape:
-        raise ValueError(f"logits must have shape (B, T, C) with B, T, C >= 1, got "
-                         f"{logits.shape}")
-    b, t, c = logits.shape
-    if isinstance(blank, bool) or not isinstance(blank, (int, np.integer)) or not 0 <= blank < c:
-        raise ValueError(f"blank must be a class index in 0..{c - 1}, got {blank!r}")
-    input_lengths = int_vector("input_lengths", input_lengths, b)
-    if np.any(input_lengths < 1) or np.any(input_lengths > t):
-        raise ValueError(f"input_lengths must lie in 1..T = {t}, got {input_lengths}")
-    labels = np.asarray(labels)
-    if labels.dtype.kind not in "iu" or labels.ndim != 2 or labels.shape[0] != b:
-        raise ValueError(f"labels must be an integer array of shape (B, L_max) = ({b}, ...), "
-                         f"got {labels.dtype} {labels.shape}")
-    labels = labels.astype(np.int64)
-    label_lengths = int_vector("label_lengths", label_lengths, b)
-    if np.any(label_lengths < 0) or np.any(label_lengths > labels.shape[1]):
-        raise ValueError(f"label_lengths must lie in 0..L_max = {labels.shape[1]}, got "
-                         f"{label_lengths}")
-    counted = labels[np.arange(labels.shape[1]) < label_lengths[:, None]]
-    if counted.size and (counted.min() < 0 or counted.max() >= c or np.any(counted == blank)):
-        raise ValueError(f"labels must be classes in 0..{c - 1} other than the blank "
-                         f"({blank}), got values in [{counted.min()}, {counted.max()}]"
-                         f"{' including the blank' if np.any(counted == blank) else ''}")
-    return logits, input_lengths, labels, label_lengths
-
-
 # --- the stateful RNN (linattn.Recurrence) ----------------------------------------------------
 
 def check_flag(name, value):

@@ -60,13 +60,13 @@ def test_format_table_names_every_row_and_how_it_was_timed():
 
 
 def test_products_floor_runs_the_loops_products(monkeypatch):
-    """The floor row times ``decode.token_products``: n calls per image, with the loop's
+    """The floor row times ``token_loop.token_products``: n calls per image, with the loop's
     multiply (the two-block product at batch 1, NumPy's at batch 2)."""
-    from linattn.model.fast import decode
-    from linattn.numba_cpu import decode as kernels
+    from linattn.model.fast import token_kernels as kernels
+    from linattn.model.fast import token_loop
     calls, products = [], []
-    real, real_product = decode.token_products, kernels.product
-    monkeypatch.setattr(decode, "token_products", lambda w, b: calls.append(
+    real, real_product = token_loop.token_products, kernels.product
+    monkeypatch.setattr(token_loop, "token_products", lambda w, b: calls.append(
         b.x.shape[1]) or real(w, b))
     monkeypatch.setattr(kernels, "product", lambda *a: products.append(1) or real_product(*a))
     cfg = speed.ModelConfig(max_len=6, attention="linear", **TINY)

@@ -16,8 +16,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "linattn"
 BACKEND_ALLOWED = {
     "linattn.dispatch": "the one table",
     "linattn._checks": "recognises CuPy arrays",
-    "linattn.model.fast.fused": "the model's element work: Numba-only by design",
-    "linattn.model.fast.decode": "the token loop's products: Numba-only by design",
+    "linattn.model.fast.fused": "training's element loops (GELU, layer norm, heads, "
+                                "embedding): no attention kernel, Numba-only by design",
+    "linattn.model.fast.optim": "Adam's update as one compiled pass: Numba-only by design",
+    "linattn.model.fast.token_kernels": "a generated token's element work and split "
+                                        "products: Numba-only by design",
 }
 BACKEND_PACKAGES = ("linattn.numba_cpu", "linattn.cuda", "numba", "cupy")
 
@@ -74,6 +77,26 @@ def test_only_dispatch_reaches_a_backend(name, path):
     if name in BACKEND_ALLOWED or name.startswith(("linattn.numba_cpu", "linattn.cuda")):
         return
     assert not _reaches(imports_of(path), BACKEND_PACKAGES), name
+
+
+# the reference model a student reads: none of it may reach the compiled path, which only
+# ``linattn.model.paths`` chooses
+REFERENCE = ("linattn.model.layers", "linattn.model.attention", "linattn.model.transformer",
+             "linattn.model.optim", "linattn.model.token_step")
+FAST = "linattn.model.fast"
+
+
+@pytest.mark.parametrize("name", REFERENCE)
+def test_the_reference_model_never_imports_the_compiled_path(name):
+    path = dict(library_modules())[name]
+    assert not _reaches(imports_of(path), (FAST,)), name
+
+
+def test_only_the_paths_module_chooses_the_compiled_path():
+    """Outside ``model.fast`` itself, one module imports it: ``model.paths``."""
+    importers = {name for name, path in library_modules()
+                 if not name.startswith(FAST) and _reaches(imports_of(path), (FAST,))}
+    assert importers == {"linattn.model.paths"}
 
 
 def test_the_allow_list_names_real_modules():

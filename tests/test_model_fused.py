@@ -7,6 +7,7 @@ from hypothesis import given, strategies as st
 
 from linattn.model import layers
 from linattn.model.fast import fused
+from linattn.model.fast import optim as fast_optim
 
 from conftest import assert_gradients_match
 
@@ -151,23 +152,24 @@ def test_layer_norm_float32_and_nan():
 @given(b=st.integers(1, 3), n=st.integers(1, 9), parts=st.integers(1, 3),
        heads=st.integers(1, 4), width=st.integers(1, 5),
        dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**32 - 1))
-def test_split_and_merge_heads_are_numpys_copies(b, n, parts, heads, width, dtype, seed):
-    """split_heads is (proj + bias) reshaped and transposed to (P, B, H, N, d_head), as
-    ``attention.split_heads`` does per part, and merge_heads puts parts back side by side;
-    both exactly (copies and one add)."""
+def test_heads_from_and_to_projections_are_numpys_copies(b, n, parts, heads, width, dtype,
+                                                         seed):
+    """heads_from_projections is (proj + bias) reshaped and transposed to (P, B, H, N,
+    d_head), as ``attention.split_heads`` does per part, and projections_from_heads puts
+    parts back side by side; both exactly (copies and one add)."""
     from linattn.model.attention import merge_heads as merge_one
     rng = np.random.default_rng(seed)
     d = heads * width
     proj = rng.standard_normal((b * n, parts * d)).astype(dtype)
     bias = rng.standard_normal(parts * d).astype(dtype)
-    got = fused.split_heads(proj, bias, n, parts, heads)
+    got = fused.heads_from_projections(proj, bias, n, parts, heads)
     want = (proj + bias).reshape(b, n, parts, heads, width).transpose(2, 0, 3, 1, 4)
     assert got.shape == want.shape and got.dtype == dtype and got.flags.c_contiguous
     np.testing.assert_array_equal(got, want)
     split = [rng.standard_normal((b, heads, n, width)).astype(dtype) for _ in range(parts)]
     split[0] = split[0].transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3)    # any strides
     np.testing.assert_array_equal(
-        fused.merge_heads(*split),
+        fused.projections_from_heads(*split),
         np.concatenate([merge_one(x).reshape(b * n, d) for x in split], axis=1))
 
 
@@ -182,11 +184,11 @@ def test_embedding_backward_is_the_reference():
 
 def test_sum_squares_in_float64():
     x = np.random.default_rng(8).standard_normal(100_003).astype(np.float32)
-    assert isinstance(fused.sum_squares(x), float)
+    assert isinstance(fast_optim.sum_squares(x), float)
     # float32 sums would be off by about 1e-5 here
-    np.testing.assert_allclose(fused.sum_squares(x), np.sum(np.square(x, dtype=np.float64)),
+    np.testing.assert_allclose(fast_optim.sum_squares(x), np.sum(np.square(x, dtype=np.float64)),
                                rtol=1e-12)
-    assert fused.sum_squares(np.zeros((0, 3))) == 0.0
+    assert fast_optim.sum_squares(np.zeros((0, 3))) == 0.0
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -194,7 +196,7 @@ def test_adam_step_is_the_numpy_formula(dtype):
     rng = np.random.default_rng(7)
     p, g, m = (rng.standard_normal((5, 3)).astype(dtype) for _ in range(3))
     v = np.abs(rng.standard_normal((5, 3))).astype(dtype)
-    got = fused.adam_step(p, g, m, v, 0.5, 1e-3, 0.9, 0.98, 0.1, 0.2, 1e-8)
+    got = fast_optim.adam_step(p, g, m, v, 0.5, 1e-3, 0.9, 0.98, 0.1, 0.2, 1e-8)
     gs = g * dtype(0.5)
     m_want = 0.9 * m + (1 - 0.9) * gs
     v_want = 0.98 * v + (1 - 0.98) * gs * gs

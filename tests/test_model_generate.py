@@ -1,10 +1,11 @@
 """Generation: the RNN form and the key/value cache pick exactly the tokens that
 recomputing the parallel form picks; sampling is seeded. The lean loop ``generate`` runs
-(``model.decode``) computes what the reference ``step`` computes, token for token."""
+(``model.fast.token_loop``) computes what the reference ``step`` computes, token for token,
+and ``generate(path="reference")`` runs ``step`` itself."""
 import numpy as np
 import pytest
 
-from linattn.model.fast import decode
+from linattn.model.fast import token_loop
 from linattn.model.config import ModelConfig
 from linattn.model.generate import KVCache, generate, sample, step
 from linattn.model.transformer import forward, init_params
@@ -95,12 +96,12 @@ def test_lean_logits_match_the_step_function(attention, kw, b):
     # float64: every position's logits, not just their argmax, within rounding
     cfg, params = _model(attention, **kw)
     ids = _prompt(b, 12)
-    weights = decode.prepare(params, cfg, 12)
-    buf = decode.buffers(cfg, b, 12)
-    lean, memories = decode.memories(cfg, b, 12), _step_memories(cfg, b, 12)
+    weights = token_loop.prepare(params, cfg, 12)
+    buf = token_loop.buffers(cfg, b, 12)
+    lean, memories = token_loop.memories(cfg, b, 12), _step_memories(cfg, b, 12)
     for t in range(12):
         want, memories = step(params, cfg, ids[:, t], t, memories)
-        got = decode.token_logits(weights, buf, lean, cfg, ids[:, t], t)
+        got = token_loop.token_logits(weights, buf, lean, cfg, ids[:, t], t)
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
 
@@ -116,6 +117,16 @@ def test_lean_generation_matches_the_step_loop(attention, kw, b, p, temperature)
     np.testing.assert_array_equal(got[:, :p], prompt)
 
 
+@pytest.mark.parametrize("attention, kw", VARIANTS[:1] + VARIANTS[3:4])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_reference_path_is_the_step_loop(attention, kw, temperature):
+    # path="reference" runs ``step`` a token at a time: exactly the tokens of the loop above
+    cfg, params = _model(attention, **kw)
+    prompt = _prompt(2, 3)
+    got = generate(params, cfg, prompt, 8, temperature=temperature, seed=4, path="reference")
+    np.testing.assert_array_equal(got, _by_step(params, cfg, prompt, 8, temperature, 4))
+
+
 @pytest.mark.parametrize("attention", ["linear", "softmax"])
 def test_lean_float32_greedy_tokens_match_the_step_loop(attention):
     cfg, params = _model(attention, "float32")
@@ -128,7 +139,7 @@ def test_lean_float32_greedy_tokens_match_the_step_loop(attention):
 def test_lean_buffers_q_k_v_are_views_of_qkv(b):
     # the RNN reads q, k, v through views made once: each must see what qkv holds
     cfg, _ = _model("linear")
-    buf = decode.buffers(cfg, b, 5)
+    buf = token_loop.buffers(cfg, b, 5)
     buf.qkv[:] = np.arange(buf.qkv.size).reshape(buf.qkv.shape)
     for i, view in enumerate((buf.q, buf.k, buf.v)):
         part = buf.qkv[i * cfg.d_model:(i + 1) * cfg.d_model].T     # (B, D)
@@ -188,6 +199,7 @@ def test_sample_follows_the_distribution():
     ("linear", dict(prompt=np.zeros((2, 0), dtype=int)), "prompt"),
     ("linear", dict(prompt=np.full((2, 3), 9)), r"prompt ids must lie in \[0, 9\)"),
     ("softmax", dict(prompt=np.full((2, 3), -1)), "prompt ids"),
+    ("linear", dict(path="fast"), "path must be one of lean, reference"),
 ])
 def test_generate_rejects_bad_arguments(attention, kwargs, match):
     cfg, params = _model(attention)

@@ -1,5 +1,5 @@
-"""The lean training path (``transformer.forward_lean``, ``backward_lean``, ``lean.block``)
-against the reference path of NumPy layers: the same logits and the same whole-model
+"""The lean training path (``fast.lean.forward``, ``backward``, ``block``) against the
+reference path of NumPy layers: the same logits and the same whole-model
 gradient in float64, for every attention, activation and position encoding; and once
 against central finite differences."""
 import numpy as np
@@ -9,8 +9,8 @@ from conftest import numerical_parameter_gradients, relative_error
 from linattn.model.fast import lean
 from linattn.model.config import ModelConfig
 from linattn.model.layers import cross_entropy
-from linattn.model.transformer import (block, block_params, forward, forward_lean,
-                                       init_params, loss_and_grads)
+from linattn.model.paths import loss_and_grads
+from linattn.model.transformer import block, block_params, forward, init_params
 
 TINY = dict(vocab_size=7, max_len=9, d_model=8, n_heads=2, d_mlp=12, dtype="float64")
 VARIANTS = [dict(attention="linear", n_layers=2),
@@ -47,7 +47,7 @@ def test_lean_logits_and_block_are_the_reference(variant):
     cfg = ModelConfig(**{**TINY, **variant})
     params = init_params(cfg, seed=3)
     ids, _, _ = _batch(4)
-    np.testing.assert_allclose(forward_lean(params, cfg, ids)[0], forward(params, cfg, ids)[0],
+    np.testing.assert_allclose(lean.forward(params, cfg, ids)[0], forward(params, cfg, ids)[0],
                                rtol=1e-12, atol=1e-14)
     x = np.random.default_rng(5).standard_normal((3, 9, 8))
     p = block_params(params, 0)
@@ -61,7 +61,7 @@ def test_lean_gradient_matches_finite_differences():
     ids, targets, weights = _batch(7, b=2, n=5)
     _, grads = loss_and_grads(params, cfg, ids, targets, weights)
     want = numerical_parameter_gradients(
-        params, lambda: cross_entropy(forward_lean(params, cfg, ids)[0], targets, weights))
+        params, lambda: cross_entropy(lean.forward(params, cfg, ids)[0], targets, weights))
     assert relative_error(np.concatenate([grads[n].ravel() for n in params]),
                           np.concatenate([want[n].ravel() for n in params])) < 1e-7
 

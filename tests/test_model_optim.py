@@ -1,4 +1,5 @@
-"""Adam, gradient clipping and warm-up against hand computations."""
+"""Adam, gradient clipping and warm-up against hand computations; the compiled path's Adam
+against the NumPy reference."""
 import numpy as np
 import pytest
 
@@ -56,8 +57,8 @@ def test_adam_rejects_mismatched_gradients():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("clip", [0.0, 1.0])
-def test_adam_is_its_numpy_reference(dtype, clip):
-    from linattn.model.optim import adam_update_numpy
+def test_compiled_adam_is_the_numpy_reference(dtype, clip):
+    from linattn.model.fast.optim import adam_update as compiled
     rng = np.random.default_rng(3)
     params = {"w": rng.standard_normal((4, 5)).astype(dtype),
               "b": rng.standard_normal(5).astype(dtype)}
@@ -66,8 +67,8 @@ def test_adam_is_its_numpy_reference(dtype, clip):
     for step in range(4):                        # the large gradients are clipped
         grads = {n: (rng.standard_normal(a.shape) * (10 if step % 2 else 0.1)).astype(dtype)
                  for n, a in params.items()}
-        p, s, norm = adam_update(fast[0], grads, fast[1], cfg)
-        p_ref, s_ref, norm_ref = adam_update_numpy(ref[0], grads, ref[1], cfg)
+        p, s, norm = compiled(fast[0], grads, fast[1], cfg)
+        p_ref, s_ref, norm_ref = adam_update(ref[0], grads, ref[1], cfg)
         np.testing.assert_allclose(norm, norm_ref, rtol=1e-12)
         assert s.step == s_ref.step == step + 1
         for got, want in ((p, p_ref), (s.m, s_ref.m), (s.v, s_ref.v)):
@@ -83,3 +84,29 @@ def test_adam_rejects_gradients_of_other_parameters():
     params = {"w": np.ones(2)}
     with pytest.raises(ValueError, match="do not match"):
         adam_update(params, {"v": np.ones(2)}, adam_init(params), AdamConfig())
+
+
+def test_compiled_adam_rejects_mismatched_gradients():
+    from linattn.model.fast.optim import adam_update as compiled
+    p = {"w": np.zeros(2)}
+    with pytest.raises(ValueError, match="do not match"):
+        compiled(p, {"x": np.zeros(2)}, adam_init(p), AdamConfig())
+
+
+@pytest.mark.parametrize("path", ["lean", "reference"])
+def test_the_path_chooses_the_adam_step(path, monkeypatch):
+    """``paths.adam_update`` runs the compiled step on "lean", the NumPy one on
+    "reference", and nothing else."""
+    from linattn.model import optim, paths
+    from linattn.model.fast import optim as fast_optim
+    calls = []
+    for module, name in ((optim, "reference"), (fast_optim, "lean")):
+        real = module.adam_update
+        monkeypatch.setattr(module, "adam_update",
+                            lambda *a, real=real, name=name: calls.append(name) or real(*a))
+    p = {"w": np.ones(3)}
+    got, state, _ = paths.adam_update(p, {"w": np.ones(3)}, adam_init(p), AdamConfig(),
+                                      path=path)
+    assert calls == [path] and state.step == 1 and got["w"].shape == (3,)
+    with pytest.raises(ValueError, match="path must be one of lean, reference"):
+        paths.adam_update(p, {"w": np.ones(3)}, adam_init(p), AdamConfig(), path="numpy")

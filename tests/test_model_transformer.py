@@ -6,7 +6,8 @@ import pytest
 from conftest import numerical_parameter_gradients, relative_error
 from linattn.model.config import ModelConfig, check_config
 from linattn.model.layers import cross_entropy
-from linattn.model.transformer import forward, init_params, loss_and_grads
+from linattn.model.paths import loss_and_grads
+from linattn.model.transformer import forward, init_params
 
 TINY = dict(vocab_size=7, max_len=6, d_model=8, n_heads=2, d_mlp=12, dtype="float64")
 VARIANTS = [dict(attention="linear", n_layers=2),

@@ -30,7 +30,7 @@ import sys
 import numpy as np
 
 from ..threads import user_environment
-from ..model.fast import decode
+from ..model.fast import token_loop
 from ..model.config import ModelConfig
 from ..model.generate import generate
 from ..model.transformer import init_params
@@ -129,18 +129,18 @@ def _form_seconds(params, cfg, method, batch, n, rounds, budget_s):
 
 def products_seconds(params, cfg, batch, n, rounds):
     """Median seconds of the matrix products of n tokens at ``batch`` and nothing else
-    (``decode.token_products``, n times): the RNN's floor on this machine, since every token
+    (``token_loop.token_products``, n times): the RNN's floor on this machine, since every token
     reads all the weights. At batch 1 it is the weights' bytes over the memory bandwidth the
     products reach; at batch 16, the BLAS's speed on (N, K) x (K, 16) products."""
-    weights = decode.prepare(params, cfg, 1)
-    buf = decode.buffers(cfg, batch, 1)
+    weights = token_loop.prepare(params, cfg, 1)
+    buf = token_loop.buffers(cfg, batch, 1)
     for a in (buf.h, buf.heads, buf.hidden):   # the products' inputs: moderate values,
         a.fill(0.01)                           # never NaN, inf or subnormal
-    decode.token_products(weights, buf)                            # warm-up: compiles
+    token_loop.token_products(weights, buf)                            # warm-up: compiles
 
     def image():
         for _ in range(n):
-            decode.token_products(weights, buf)
+            token_loop.token_products(weights, buf)
     return _timed(image, rounds)
 
 

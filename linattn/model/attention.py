@@ -22,12 +22,8 @@ positions. Cost: B attention calls per layer instead of one.
 
 Heads are laid out (batch, heads, N, d_head), so the core functions see leading axes only.
 Reference: the core's own oracles; the layer's backward is held to finite differences in
-tests/test_model_attention.py.
-
-``attention_fused`` is the same layer for the lean training path (``lean``): Q, K and V from
-one matrix product with the three weights side by side, their biases added and heads split
-in one compiled pass (``fused.split_heads``, and ``fused.merge_heads`` back), and b_O left to
-the caller's residual add; ``attention`` is its reference.
+tests/test_model_attention.py. This layer is the reference of the compiled path's
+(``model.fast.attention``).
 """
 from typing import NamedTuple
 
@@ -36,7 +32,6 @@ import numpy as np
 from ..linear import linear_attention, linear_attention_backward
 from ..lsh import lsh_attention, lsh_attention_backward
 from ..softmax import softmax_attention, softmax_attention_backward
-from .fast import fused
 from .layers import linear, linear_backward
 
 PROJECTIONS = ("q", "k", "v", "o")
@@ -48,7 +43,7 @@ class AttentionCache(NamedTuple):
 
     q, k, v : ndarray, shape (B, H, N, d_head)
         The projected inputs, split into heads (k is None for LSH: q is shared).
-    heads : ndarray, shape (B, N, d_model), or (B N, d_model) from ``attention_fused``
+    heads : ndarray, shape (B, N, d_model) (the compiled path keeps (B N, d_model))
         The heads' outputs concatenated: the input of the output projection.
     """
 
@@ -181,72 +176,4 @@ def attention_backward(dy, p, x, cache, cfg, lengths=None):
         dxn, grads["w" + name], grads["b" + name] = linear_backward(
             merge_heads(dh), x, p["w" + name], p["b" + name])
         dx = dx + dxn
-    return dx, grads
-
-
-# --- the lean training path: the input projections as one matrix product -----------------
-
-def _projected(cfg):
-    """The projections of x the attention reads: q, k and v, or q and v for LSH."""
-    return "qv" if cfg.attention == "lsh" else "qkv"
-
-
-def _stacked(p, names, prefix):
-    """[W_q W_k W_v] (d_model, P d_model) or [b_q b_k b_v] (P d_model,): one product's
-    operand for the P projections ``names``."""
-    return np.concatenate([p[prefix + name] for name in names], axis=-1)
-
-
-def attention_fused(p, x, cfg):
-    """``attention`` as the lean training path computes it: Q, K, V from one matrix product
-    x [W_Q W_K W_V] + [b_Q b_K b_V], and heads W_O without b_O, which the caller adds with
-    the residual (``fused.add_layer_norm``).
-
-    Parameters
-    ----------
-    p : dict, as for ``attention``
-    x : ndarray, shape (B, N, d_model)
-    cfg : ModelConfig
-
-    Returns
-    -------
-    a : ndarray, shape (B, N, d_model), heads W_O
-    cache : AttentionCache
-
-    Cost: as ``attention``'s.
-    """
-    names = _projected(cfg)
-    b, n, d = x.shape
-    proj = x.reshape(-1, d) @ _stacked(p, names, "w")                # (B N, P d_model)
-    # the bias added and all heads of all projections split in one pass, (P, B, H, N,
-    # d_head): the kernels take each (batch, head) row contiguous, and the backward reads
-    # them again
-    heads_in = dict(zip(names, fused.split_heads(proj, _stacked(p, names, "b"), n, len(names),
-                                                 cfg.n_heads)))
-    q, k, v = heads_in["q"], heads_in.get("k"), heads_in["v"]
-    heads = fused.merge_heads(attend(q, k, v, cfg))                 # (B N, d_model)
-    return (heads @ p["wo"]).reshape(b, n, d), AttentionCache(q, k, v, heads)
-
-
-def attention_fused_backward(dy, p, x, cache, cfg):
-    """Backward of ``attention_fused``: (dx, grads of ``wq, bq, ..., wo, bo``), b_O's
-    gradient included (the sum of dy over positions).
-
-    With dP the gradient of the one product's output: dx = dP [W_Q W_K W_V]^T and
-    [dW_Q dW_K dW_V] = x^T dP, one product each.
-    """
-    names = _projected(cfg)
-    b, n, d = x.shape
-    dy2 = dy.reshape(-1, d)
-    grads = {"wo": cache.heads.reshape(-1, d).T @ dy2, "bo": dy2.sum(axis=0)}
-    dout = split_heads((dy2 @ p["wo"].T).reshape(b, n, d), cfg.n_heads)
-    dq, dk, dv = attend_backward(dout, cache.q, cache.k, cache.v, cfg)
-    dproj = fused.merge_heads(*(dh for dh in (dq, dk, dv) if dh is not None))  # (B N, P d)
-    dx = (dproj @ _stacked(p, names, "w").T).reshape(x.shape)
-    dw, dbias = x.reshape(-1, d).T @ dproj, dproj.sum(axis=0)
-    for i, name in enumerate(names):
-        grads["w" + name] = np.ascontiguousarray(dw[:, i * d:(i + 1) * d])
-        grads["b" + name] = dbias[i * d:(i + 1) * d].copy()
-    if cfg.attention == "lsh":                                      # W_K unused
-        grads["wk"], grads["bk"] = np.zeros_like(p["wk"]), np.zeros_like(p["bk"])
     return dx, grads

@@ -15,76 +15,20 @@ arXiv:2006.16236.
   prefix is the one exact way; it costs O(t (d_model^2 + n_hashes C d_model)) plus the
   hashing at position t.
 
-``step`` computes one token of the first two with the NumPy layers and the library's
-public attention (``linear_attention_step``, ``softmax_attention``): the reference.
-``generate`` runs them through ``model.decode``, the same arithmetic organised for speed
-(weights prepared once, buffers reused, one ``linattn.Recurrence`` per layer, compiled
-element work): tests/test_model_generate.py holds it to ``step``, logits within rounding
-in float64 and the same tokens, greedy or sampled.
+The first two run on the path ``path`` names (``model.paths``): "lean", the default, the
+compiled token loop of ``model.fast.token_loop`` (weights prepared once, buffers reused,
+one ``linattn.Recurrence`` per layer, compiled element work); "reference", ``step`` of
+``model.token_step`` a token at a time, the NumPy layers and the library's public
+attention. tests/test_model_generate.py holds the two together: logits within rounding in
+float64 and the same tokens, greedy or sampled.
 """
-from typing import NamedTuple
-
 import numpy as np
 
-from ..linear import linear_attention_step
-from ..softmax import softmax_attention
-from .fast import decode
-from .attention import merge_heads, split_heads
-from .layers import layer_norm, linear
-from .transformer import block_params, embed, forward, mlp
+from . import paths
+from .token_step import KVCache, step  # noqa: F401  (the reference step, read there)
+from .transformer import forward
 
 METHODS = ("auto", "recurrent", "cache", "recompute")
-
-
-class KVCache(NamedTuple):
-    """Keys and values of one softmax layer, (B, H, N_max, d_head) each; positions up to
-    the current one are filled. The generation loop owns it and writes one row per token."""
-
-    k: np.ndarray
-    v: np.ndarray
-
-
-def _attend_one(p, h, cfg, memory, t):
-    """Attention output for position t alone: h (B, 1, d_model) -> (B, 1, d_model), and the
-    updated memory (a ``State`` for linear attention, a ``KVCache`` for softmax)."""
-    q, k, v = (split_heads(linear(h, p["w" + n], p["b" + n]), cfg.n_heads) for n in "qkv")
-    if cfg.attention == "linear":
-        # Eq. (18)-(20): S_t = S_{t-1} + phi(k_t) v_t^T, z_t = z_{t-1} + phi(k_t), readout
-        out, memory = linear_attention_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], memory,
-                                            feature_map=cfg.feature_map)
-        out = out[:, :, None, :]                                  # (B, H, 1, d_head)
-    else:
-        memory.k[:, :, t], memory.v[:, :, t] = k[:, :, 0], v[:, :, 0]
-        # the last row of causal softmax, Eq. (8): one query against the keys of 0..t, all
-        # visible, so no mask: cross-attention with Nq = 1, O(t d_head)
-        out = softmax_attention(q, memory.k[:, :, :t + 1], memory.v[:, :, :t + 1])
-    return linear(merge_heads(out), p["wo"], p["bo"]), memory
-
-
-def step(params, cfg, tokens, t, memories):
-    """Next-token logits from the token at position t and each layer's memory.
-
-    Parameters
-    ----------
-    tokens : ndarray of int, shape (B,)
-    t : int, the position of ``tokens``
-    memories : tuple, one per layer: ``State`` or None (linear), ``KVCache`` (softmax)
-
-    Returns
-    -------
-    logits : ndarray, shape (B, vocab_size)
-    memories : tuple, updated
-    """
-    x = embed(params, cfg, tokens[:, None], start=t)              # (B, 1, d_model)
-    new = []
-    for layer, memory in enumerate(memories):
-        p = block_params(params, layer)
-        a, memory = _attend_one(p, layer_norm(x, p["ln1_g"], p["ln1_b"]), cfg, memory, t)
-        x = x + a
-        x = x + mlp(p, layer_norm(x, p["ln2_g"], p["ln2_b"]), cfg)[0]
-        new.append(memory)
-    h = layer_norm(x[:, 0], params["lnf_g"], params["lnf_b"])
-    return linear(h, params["w_out"], params["b_out"]), tuple(new)
 
 
 def sample(logits, temperature, rng):
@@ -115,7 +59,8 @@ def _resolve(method, cfg):
     return method
 
 
-def generate(params, cfg, prompt, n_new, *, method="auto", temperature=0.0, seed=0):
+def generate(params, cfg, prompt, n_new, *, method="auto", temperature=0.0, seed=0,
+             path="lean"):
     """Continue ``prompt`` by ``n_new`` tokens.
 
     Parameters
@@ -130,6 +75,9 @@ def generate(params, cfg, prompt, n_new, *, method="auto", temperature=0.0, seed
         0 decodes greedily; otherwise tokens are sampled from softmax(logits / temperature).
     seed : int
         Seed of the sampling.
+    path : {"lean", "reference"}
+        Which path computes the "recurrent" and "cache" methods (``model.paths``): the
+        compiled token loop, or ``step`` with the NumPy layers; the same tokens.
 
     Returns
     -------
@@ -139,6 +87,7 @@ def generate(params, cfg, prompt, n_new, *, method="auto", temperature=0.0, seed
     O(t d_model) (cache) or O(t d_model^2 + t^2 d_model) (recompute, softmax).
     """
     method = _resolve(method, cfg)
+    next_logits = paths.resolve(path).next_logits
     prompt = np.asarray(prompt)
     if prompt.ndim != 2 or prompt.shape[1] < 1 or prompt.dtype.kind not in "iu":
         raise ValueError(f"prompt must be integer ids of shape (B, P >= 1), got "
@@ -162,13 +111,9 @@ def generate(params, cfg, prompt, n_new, *, method="auto", temperature=0.0, seed
             logits, _ = forward(params, cfg, tokens[:, :t])
             tokens[:, t] = sample(logits[:, -1], temperature, rng)
         return tokens
-    # the lean loop: what ``step`` computes, with everything but the token's own work done
-    # once here (the model reads positions 0..total-2)
-    weights = decode.prepare(params, cfg, total - 1)
-    buf = decode.buffers(cfg, b, total - 1)
-    memories = decode.memories(cfg, b, total - 1)      # s_0 = z_0 = 0 (Eq. 16-17), or empty
-    for t in range(total - 1):                          # the prompt primes the memories
-        logits = decode.token_logits(weights, buf, memories, cfg, tokens[:, t], t)
+    # the model reads positions 0..total-2; the prompt primes the memories, and each token
+    # sampled at t + 1 is written before the path reads it
+    for t, logits in enumerate(next_logits(params, cfg, tokens)):
         if t + 1 >= n_prompt:
             tokens[:, t + 1] = sample(logits, temperature, rng)
     return tokens

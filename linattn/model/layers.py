@@ -11,7 +11,10 @@ so these are their own reference.
 """
 import numpy as np
 
-_GELU_C = np.sqrt(2 / np.pi)
+# the constants of the layers, named once: the compiled layers of ``model.fast`` read these
+LAYER_NORM_EPS = 1e-5           # added to the variance before its square root
+GELU_C = np.sqrt(2 / np.pi)     # GELU's tanh form: tanh(GELU_C (x + GELU_CUBIC x^3))
+GELU_CUBIC = 0.044715
 
 
 def linear(x, w, b):
@@ -53,7 +56,7 @@ def _normalise(x, eps):
     return xc * rstd, rstd
 
 
-def layer_norm(x, g, b, eps=1e-5):
+def layer_norm(x, g, b, eps=LAYER_NORM_EPS):
     """Layer normalisation over the last axis: y = g * (x - mean) / sqrt(var + eps) + b.
 
     Parameters
@@ -72,7 +75,7 @@ def layer_norm(x, g, b, eps=1e-5):
     return xhat * g + b
 
 
-def layer_norm_backward(dy, x, g, b, eps=1e-5):
+def layer_norm_backward(dy, x, g, b, eps=LAYER_NORM_EPS):
     """Gradients of ``layer_norm``: (dx, dg, db).
 
     With dxhat = dy * g, the centring and the scaling give
@@ -86,20 +89,27 @@ def layer_norm_backward(dy, x, g, b, eps=1e-5):
     return dx, (dy * xhat).sum(axis=lead), dy.sum(axis=lead)
 
 
+def _gelu_tanh(x):
+    """t = tanh(c (x + GELU_CUBIC x^3)) and c = GELU_C, both in x's type."""
+    c = x.dtype.type(GELU_C)
+    return np.tanh(c * (x + GELU_CUBIC * x * x * x)), c
+
+
 def gelu(x):
-    """GELU, tanh form: 0.5 x (1 + tanh(c (x + 0.044715 x^3))), c = sqrt(2 / pi).
+    """GELU, tanh form: x s with the gate s = 0.5 (1 + tanh(c (x + 0.044715 x^3))),
+    c = sqrt(2 / pi) (``GELU_C``, ``GELU_CUBIC``).
 
     Elementwise, any shape. Cost: O(size(x)).
     """
-    return 0.5 * x * (1 + np.tanh(x.dtype.type(_GELU_C) * (x + 0.044715 * x * x * x)))
+    t, _ = _gelu_tanh(x)
+    return 0.5 * x * (1 + t)
 
 
 def gelu_backward(dy, x):
     """Gradient of ``gelu``: dy * (0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2))
     with t = tanh(c (x + 0.044715 x^3)). Returns (dx,)."""
-    c = x.dtype.type(_GELU_C)
-    t = np.tanh(c * (x + 0.044715 * x * x * x))
-    dgelu = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x)
+    t, c = _gelu_tanh(x)
+    dgelu = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * GELU_CUBIC * x * x)
     return (dy * dgelu,)
 
 

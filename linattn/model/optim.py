@@ -5,16 +5,13 @@ arXiv:2006.16236, section 4, train with. Everything here is a pure function of i
 the same parameters, gradients and state give the same update, so training is
 deterministic given a seed and resumes exactly from a saved ``AdamState``.
 
-``adam_update`` runs each parameter's update as one compiled pass (``fused.adam_step``);
-``adam_update_numpy``, the same formulas in NumPy, is its reference: the two give the same
-numbers (tests/test_model_optim.py), the compiled one without NumPy's six temporaries an
-array.
+``adam_update`` here, in NumPy, is the reference; the compiled path runs the same update
+as one compiled pass a parameter (``model.fast.optim.adam_update``), and ``model.paths``
+chooses between the two with the rest of the model's path.
 """
 from typing import NamedTuple
 
 import numpy as np
-
-from .fast.fused import adam_step, sum_squares
 
 
 class AdamConfig(NamedTuple):
@@ -51,7 +48,7 @@ def learning_rate(cfg, step):
 
 def global_norm(grads, squares=None):
     """sqrt(sum of squares of every gradient entry), accumulated in float64; each array's
-    sum by ``squares`` (NumPy's by default; ``adam_update`` passes ``fused.sum_squares``)."""
+    sum by ``squares`` (NumPy's by default; the compiled path passes its own)."""
     squares = squares or (lambda g: np.sum(np.square(g, dtype=np.float64)))
     return float(np.sqrt(sum(squares(g) for g in grads.values())))
 
@@ -72,36 +69,20 @@ def clip_gradients(grads, max_norm):
     return {n: g * g.dtype.type(scale) for n, g in grads.items()}, norm
 
 
-def adam_update(params, grads, state, cfg):
-    """One Adam step with clipping and warm-up: ``adam_update_numpy``'s numbers, each
-    parameter's update in one compiled pass. Same arguments and results."""
-    _check_names(params, grads)
-    norm = global_norm(grads, sum_squares)
-    scale = max_norm_scale(norm, cfg.clip)
-    lr = learning_rate(cfg, state.step)
-    t = state.step + 1
-    c1, c2 = 1 - cfg.beta1**t, 1 - cfg.beta2**t              # bias corrections
-    new_params, m, v = {}, {}, {}
-    for name, p in params.items():
-        new_params[name], m[name], v[name] = adam_step(
-            p, grads[name], state.m[name], state.v[name], scale, lr, cfg.beta1, cfg.beta2,
-            c1, c2, cfg.eps)
-    return new_params, AdamState(t, m, v), norm
-
-
 def max_norm_scale(norm, max_norm):
     """The factor ``clip_gradients`` scales by: min(1, max_norm / norm), 1 if max_norm is 0."""
     return 1.0 if max_norm <= 0 or norm <= max_norm else max_norm / norm
 
 
-def _check_names(params, grads):
+def check_gradients(params, grads):
+    """A ValueError naming the entries unless ``grads`` has exactly the keys of ``params``."""
     if grads.keys() != params.keys():
         raise ValueError(f"gradients for {sorted(set(grads) ^ set(params))} do not match "
                          "the parameters")
 
 
-def adam_update_numpy(params, grads, state, cfg):
-    """One Adam step with clipping and warm-up, in NumPy (the reference of ``adam_update``).
+def adam_update(params, grads, state, cfg):
+    """One Adam step with clipping and warm-up, in NumPy: the reference.
 
     m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2,
     p = p - lr_t * mhat / (sqrt(vhat) + eps) with bias-corrected mhat, vhat.
@@ -118,7 +99,7 @@ def adam_update_numpy(params, grads, state, cfg):
     state : AdamState
     norm : float, the gradient norm before clipping
     """
-    _check_names(params, grads)
+    check_gradients(params, grads)
     grads, norm = clip_gradients(grads, cfg.clip)
     lr = learning_rate(cfg, state.step)
     t = state.step + 1

@@ -18,14 +18,15 @@ from .. import threads
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ModelConfig
 from .layers import cross_entropy
-from .optim import AdamConfig, adam_init, adam_update
+from .optim import AdamConfig, adam_init
+from .paths import adam_update, loss_and_grads, resolve
 from .tasks import CopyTask, batch_rng
-from .transformer import forward, forward_lean, init_params, loss_and_grads
+from .transformer import init_params
 
 # the paper's copy-task model, section 4.1: 4 layers, 8 heads of 32, up to 128 positions
 PAPER_COPY = dict(length=63, d_model=256, n_layers=4, n_heads=8, d_mlp=1024)
-# ours: small enough to learn in minutes on two cores with NumPy, with learned positions
-# and Adam at 3e-3 (both attentions reach a held-out loss below 0.1 in 3000 steps)
+# ours: small enough to learn in minutes on two cores, with learned positions and Adam at
+# 3e-3 (the curves it gives: docs/performance.md)
 DEFAULT_COPY = dict(length=16, d_model=64, n_layers=2, n_heads=4, d_mlp=256)
 DEFAULT_ADAM = AdamConfig(lr=3e-3)
 LOG_FIELDS = ("step", "tokens", "elapsed_s", "train_loss", "eval_loss", "eval_acc")
@@ -34,9 +35,9 @@ LOG_FIELDS = ("step", "tokens", "elapsed_s", "train_loss", "eval_loss", "eval_ac
 class TrainConfig(NamedTuple):
     """steps: total updates; batch_size: sequences per update; seed: of parameters and
     batches; eval_every, eval_batches: held-out evaluation cadence and size;
-    checkpoint_every: steps between checkpoints (and one at the end); path: how the model
-    computes, "lean" (compiled elementwise layers, kept activations) or "reference" (the
-    NumPy layers), see ``transformer.loss_and_grads``: the same numbers up to rounding."""
+    checkpoint_every: steps between checkpoints (and one at the end); path: which path
+    computes the model and its Adam step, "lean" (compiled, the default) or "reference"
+    (the NumPy layers), see ``model.paths``: the same numbers up to rounding."""
 
     steps: int = 3000
     batch_size: int = 32
@@ -52,7 +53,7 @@ def train_step(params, opt_state, cfg, adam, task, train_cfg):
     ids, targets, weights = task.batch(batch_rng(train_cfg.seed, opt_state.step),
                                        train_cfg.batch_size)
     loss, grads = loss_and_grads(params, cfg, ids, targets, weights, path=train_cfg.path)
-    params, opt_state, norm = adam_update(params, grads, opt_state, adam)
+    params, opt_state, norm = adam_update(params, grads, opt_state, adam, path=train_cfg.path)
     return params, opt_state, loss, norm
 
 
@@ -68,10 +69,11 @@ def held_out_batches(task, train_cfg):
 def evaluate(params, cfg, batches, path="lean"):
     """Teacher-forced loss (nats per counted token) and accuracy (argmax == target) over
     ``batches`` of (ids, targets, weights), weighted by the counted tokens; the logits by
-    ``forward_lean``, or ``forward`` with path "reference"."""
+    the forward of ``path`` (``model.paths``)."""
+    forward = resolve(path).forward
     total_loss = total_correct = total_weight = 0.0
     for ids, targets, weights in batches:
-        logits, _ = (forward_lean if path == "lean" else forward)(params, cfg, ids)
+        logits, _ = forward(params, cfg, ids)
         w = weights.sum()
         total_loss += cross_entropy(logits, targets, weights) * w
         total_correct += float(((logits.argmax(axis=-1) == targets) * weights).sum())

@@ -12,24 +12,18 @@ the optimiser and checkpoints treat them uniformly. ``forward`` returns the logi
 Reference: the whole-model gradient is held to central finite differences in
 tests/test_model_transformer.py.
 
-Training takes the lean path by default (``loss_and_grads(..., path="lean")``):
-``forward_lean`` and ``backward_lean`` run the blocks of ``lean`` (compiled elementwise
-layers from ``fused``, kept activations) and give the same loss and gradients up to
-rounding; ``forward`` and ``backward``, with the NumPy layers, are their reference
-(tests/test_model_lean.py).
+This is the reference model. Training runs the compiled path by default
+(``model.fast.lean``: the same forward and backward with compiled element layers and kept
+activations, held to these by tests/test_model_lean.py); ``model.paths`` chooses.
 """
 from typing import NamedTuple
 
 import numpy as np
 
-from .fast import fused, lean
 from .attention import PROJECTIONS, attention, attention_backward
 from .config import check_config
-from .layers import (ACTIVATIONS, cross_entropy, cross_entropy_backward, embedding,
-                     embedding_backward, layer_norm, layer_norm_backward, linear,
-                     linear_backward)
-
-PATHS = ("lean", "reference")
+from .layers import (ACTIVATIONS, embedding, embedding_backward, layer_norm,
+                     layer_norm_backward, linear, linear_backward)
 
 
 class BlockCache(NamedTuple):
@@ -231,7 +225,7 @@ def backward(dlogits, params, cfg, cache):
 
 def embed_backward(dx, params, cfg, ids, table_backward):
     """Gradients of ``embed``'s tables from dx (B, N, d_model): ``tok_emb`` by
-    ``table_backward`` (``layers.embedding_backward`` or its compiled twin), and
+    ``table_backward`` (``layers.embedding_backward``, or the compiled path's), and
     ``pos_emb`` if the positions are learned."""
     (grads,) = table_backward(dx, ids, params["tok_emb"])
     grads = {"tok_emb": grads}
@@ -239,70 +233,3 @@ def embed_backward(dx, params, cfg, ids, table_backward):
         grads["pos_emb"] = np.zeros_like(params["pos_emb"])
         grads["pos_emb"][:ids.shape[1]] = dx.sum(axis=0)  # every sequence uses rows 0..N-1
     return grads
-
-
-class LeanCache(NamedTuple):
-    """``forward_lean``'s intermediates: token ids, each block's ``lean.LeanBlockCache``, the
-    final layer norm's saved (xhat, rstd) and its output h_out."""
-
-    ids: object
-    blocks: tuple
-    lnf: object
-    h_out: object
-
-
-def forward_lean(params, cfg, ids):
-    """``forward`` by the lean training path: the blocks of ``lean`` and the compiled layer
-    norm (``fused``), keeping what ``backward_lean`` needs. Same arguments and logits (up to
-    rounding), a ``LeanCache``; the reference is ``forward``."""
-    ids = check_ids(cfg, ids)
-    x = embed(params, cfg, ids)
-    caches = []
-    for layer in range(cfg.n_layers):
-        x, c = lean.block(block_params(params, layer), x, cfg)
-        caches.append(c)
-    h, lnf = fused.layer_norm(x, params["lnf_g"], params["lnf_b"])
-    logits = linear(h, params["w_out"], params["b_out"])
-    return logits, LeanCache(ids, tuple(caches), lnf, h)
-
-
-def backward_lean(dlogits, params, cfg, cache):
-    """Backward of ``forward_lean``: every parameter's gradient, as ``backward``'s."""
-    grads = {}
-    dh, grads["w_out"], grads["b_out"] = linear_backward(dlogits, cache.h_out,
-                                                         params["w_out"], params["b_out"])
-    dx, grads["lnf_g"], grads["lnf_b"] = fused.layer_norm_backward(dh, cache.lnf,
-                                                                   params["lnf_g"])
-    for layer in reversed(range(cfg.n_layers)):
-        dx, g = lean.block_backward(dx, block_params(params, layer), cache.blocks[layer], cfg)
-        grads.update({f"block{layer}.{name}": a for name, a in g.items()})
-    grads.update(embed_backward(dx, params, cfg, cache.ids, fused.embedding_backward))
-    return grads
-
-
-def loss_and_grads(params, cfg, ids, targets, weights=None, path="lean"):
-    """Mean cross-entropy of next-token prediction and its gradient.
-
-    Parameters
-    ----------
-    ids, targets : ndarray of int, shape (B, N)
-        Inputs and the token each position must predict.
-    weights : ndarray, shape (B, N), optional
-        Which positions count (see ``layers.cross_entropy``).
-    path : {"lean", "reference"}
-        "lean": ``forward_lean`` and ``backward_lean`` (compiled elementwise layers, kept
-        activations); "reference": ``forward`` and ``backward``, the NumPy layers it is
-        tested against. The same loss and gradients up to rounding.
-
-    Returns
-    -------
-    loss : float, nats per counted token
-    grads : dict, shaped like params
-    """
-    if path not in PATHS:
-        raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
-    run, run_backward = (forward_lean, backward_lean) if path == "lean" else (forward, backward)
-    logits, cache = run(params, cfg, ids)
-    loss = cross_entropy(logits, targets, weights)
-    (dlogits,) = cross_entropy_backward(1.0, logits, targets, weights)
-    return loss, run_backward(dlogits, params, cfg, cache)

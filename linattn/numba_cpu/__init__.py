@@ -17,8 +17,6 @@ validate once and ``linattn.dispatch`` picks a module here.
 - ``lsh``       Reformer (LSH) attention, chunk by chunk (``forms.lsh`` is its oracle;
                 the public module is ``linattn.lsh``).
 - ``lsh_hash``  its hashing: buckets a tile of rotations at a time, a counting sort.
-- ``decode``    the element work of a generated token for ``model.decode``: residual add
-                and layer norm, GELU, one query against the key/value cache.
 
 All take ``elu=True`` to apply the paper's feature map, elu+1 (Eq. 7), themselves, to raw q
 and k; the unfused path (NumPy feature map, then the kernel) is what the tests compare to.

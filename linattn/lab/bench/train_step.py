@@ -4,8 +4,8 @@ linattn against the paper authors' own, head to head.
 The model is that of section 4.1 of Katharopoulos et al. (2020), arXiv:2006.16236: 4 layers,
 8 heads of 32 (d_model 256), an MLP of 1024, causal linear attention with elu+1, N = 127
 positions of the copy task, float32. One step is the forward, the backward and the Adam
-update (with clipping). Ours is ``transformer.loss_and_grads`` (the lean path by default)
-and ``optim.adam_update``; the peer is pytorch-fast-transformers' ``TransformerEncoder``
+update (with clipping). Ours is ``paths.loss_and_grads`` and ``paths.adam_update`` (the
+lean path by default); the peer is pytorch-fast-transformers' ``TransformerEncoder``
 (``peer_train``, run by ``--peer-python``) with autograd and ``torch.optim.Adam``.
 
 The two models match in layers, widths, heads, feature map, eps, learned positions, token
@@ -33,10 +33,11 @@ import numpy as np
 
 from . import timing
 from ...threads import keep_freed_memory, user_environment
-from ...model.optim import AdamConfig, adam_init, adam_update
+from ...model.optim import AdamConfig, adam_init
+from ...model.paths import PATHS, adam_update, loss_and_grads
 from ...model.tasks import batch_rng
 from ...model.train import PAPER_COPY, copy_setup
-from ...model.transformer import init_params, loss_and_grads
+from ...model.transformer import init_params
 
 ADAM = AdamConfig(lr=1e-3)
 PEER = os.path.join(os.path.dirname(__file__), "peer_train.py")
@@ -52,8 +53,8 @@ def parse(argv):
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3, help="timed steps per side and round")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--path", choices=("lean", "reference"), default="lean",
-                   help="our training path (transformer.loss_and_grads)")
+    p.add_argument("--path", choices=PATHS, default="lean",
+                   help="our training path (linattn.model.paths)")
     p.add_argument("--pause", type=float, default=0.2,
                    help="seconds of rest before each side's round, for idle threads to sleep")
     for name, value in PAPER_COPY.items():
@@ -89,7 +90,8 @@ class Ours:
     def step(self, b):
         loss, grads = loss_and_grads(self.params, self.model_cfg, *self.batches[b],
                                      path=self.cfg.path)
-        self.params, self.state, _ = adam_update(self.params, grads, self.state, ADAM)
+        self.params, self.state, _ = adam_update(self.params, grads, self.state, ADAM,
+                                                 path=self.cfg.path)
         return loss
 
     def round(self, b, repeats):

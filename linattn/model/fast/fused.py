@@ -1,31 +1,30 @@
-"""The transformer's elementwise work as compiled loops: GELU with its bias, layer norm with
-its residual add, their backward passes, the attention's heads split from the projections
-and merged back, the embedding's backward and Adam's update, each one pass over its arrays
+"""The transformer's element work for training as compiled loops: GELU with its bias, layer
+norm with its residual add, their backward passes, the attention's heads split from the
+projections and joined back, and the embedding's backward, each one pass over its arrays
 with no full-size temporaries.
 
-These are the lean training path's versions of ``layers.gelu``, ``layers.layer_norm``,
+These are the lean training path's versions of ``layers.gelu``, ``layers.layer_norm`` and
 ``layers.embedding_backward`` (the pieces around the attention of Katharopoulos et al.
-(2020), arXiv:2006.16236, section 3.1) and ``optim.adam_update_numpy``, which stay the
-references they are tested against (tests/test_model_fused.py). They live beside the
-model's layers, not in ``numba_cpu``: they are no attention kernel of the dispatch table,
-and only the model and its optimiser call them.
+(2020), arXiv:2006.16236, section 3.1), which stay the references they are tested against
+(tests/test_model_fused.py). They are no attention kernel of the dispatch table: only the
+model's compiled path calls them, so they live here, Numba-only by design.
 
 Two changes of form, not of function:
-- GELU's gate 0.5 (1 + tanh(y)), y = c (x + 0.044715 x^3), is computed as the logistic
-  sigmoid 1 / (1 + exp(-2 y)), the same number without tanh, from exp(-2 |y|) <= 1: the
-  vectorisable exp of ``numba_cpu.elu`` (its phi(t) is exp(t) for t <= 0). With s the gate,
-  gelu(x) = x s and gelu'(x) = s + 2 x s (1 - s) c (1 + 3 * 0.044715 x^2).
+- GELU's gate s = 0.5 (1 + tanh(y)), y = c (x + 0.044715 x^3) (``layers.GELU_C`` and
+  ``layers.GELU_CUBIC``), is computed as the logistic sigmoid 1 / (1 + exp(-2 y)), the same
+  number without tanh, from exp(-2 |y|) <= 1: the library's vectorisable exp of a
+  non-positive number (``numba_cpu.flash_tiles.exp_nonpositive``, one for each precision),
+  where Numba's tanh is a C call per element; it also keeps its digits for negative x, where
+  1 + tanh(y) cancels. With s the gate, gelu(x) = x s and
+  gelu'(x) = s + 2 x s (1 - s) c (1 + 3 * 0.044715 x^2). ``gelu_gate`` is the one compiled
+  gate: the token loop's kernels (``token_kernels``) use it too.
 - Layer norm returns what its backward needs (xhat and 1 / std), so the backward
   recomputes nothing; GELU's backward recomputes s from its input, one exp an element.
 
 Threads: GELU's loops and the heads' copies run in parallel over rows, whose results do not
-depend on one another, so neither do they on the thread count. Layer norm's backward (it
-sums over rows), the embedding's backward and Adam run on the calling thread, in order.
-Measured on a 2-core Xeon, one training step of the copy-task model at batch 16: with 2
-threads GELU and its backward took 7 and 12 ms of the step against 15 and 20 ms on one
-(they paid once OpenBLAS's threads stopped spinning for 0.1 s after each product, see
-``linattn.threads``; before, 2 threads did not pay); Adam's update of 3.2M parameters
-took 6.8 ms parallel against 4.2 ms serial, and stays serial. Float32 stays float32; no
+depend on one another, so neither do they on the thread count; layer norm's backward sums
+over a fixed number of blocks of rows, added in order; the embedding's backward runs on the
+calling thread. Why these and not others: docs/performance.md. Float32 stays float32; no
 fastmath (NaN in gives NaN out).
 """
 from typing import NamedTuple
@@ -33,10 +32,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
-from ...numba_cpu.elu import phi
-from ..layers import _GELU_C
-
-_CUBIC = 0.044715
+from ...numba_cpu.flash_tiles import exp_nonpositive
+from ..layers import GELU_C, GELU_CUBIC, LAYER_NORM_EPS
 
 
 class Normalised(NamedTuple):
@@ -53,32 +50,34 @@ def _as_rows(x):
 
 # --- GELU ---------------------------------------------------------------------------------
 
-@njit(cache=True, error_model="numpy", inline="always")
-def _gate(x, c, cubic, one):
-    """s = (1 + tanh(y)) / 2 = 1 / (1 + exp(-2 y)), y = c (x + cubic x^3): the GELU gate."""
-    y = c * (x + cubic * x * x * x)
-    e = phi(-(y + y) if y >= 0 else y + y)                 # exp(-2 |y|), in (0, 1]
-    return (one if y >= 0 else e) / (one + e)
+@njit(cache=True, error_model="numpy", inline="always")    # inlined: vectorises in loops
+def gelu_gate(x):
+    """s = (1 + tanh(y)) / 2 = 1 / (1 + exp(-2 y)), y = c (x + 0.044715 x^3): the GELU gate,
+    in x's type (float32 stays float32); gelu(x) = x s."""
+    one = type(x)(1)
+    y = type(x)(GELU_C) * (x + type(x)(GELU_CUBIC) * x * x * x)
+    e = exp_nonpositive(-(y + y) if y >= 0 else y + y)      # exp(-2 |y|), in (0, 1]
+    return (one if y >= 0 else e) / (one + e)               # NaN in: NaN out
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _gelu_grad(x, c, cubic, one):
-    """gelu'(x) = s + x ds/dx, ds/dx = 2 s (1 - s) c (1 + 3 cubic x^2)."""
-    s = _gate(x, c, cubic, one)
-    two, three = one + one, one + one + one                # in x's type: float32 stays
+def _gelu_grad(x):
+    """gelu'(x) = s + x ds/dx, ds/dx = 2 s (1 - s) c (1 + 3 * 0.044715 x^2)."""
+    s, one = gelu_gate(x), type(x)(1)
+    two, three = one + one, one + one + one                 # in x's type: float32 stays
+    c, cubic = type(x)(GELU_C), type(x)(GELU_CUBIC)
     return s + x * (two * s * (one - s) * c * (one + three * cubic * x * x))
 
 
-# The element loops take each row as an argument: LLVM vectorises them then, and a loop
-# that writes into an array aliasing one it reads would not be (6x slower).
+# The element loops take each row as an argument: LLVM vectorises them then, and not a loop
+# that writes into an array aliasing one it reads (docs/performance.md).
 @njit(cache=True, error_model="numpy")
 def _bias_gelu_row(u, b, g):
     """u += b and g = gelu(u), over one row."""
-    c, cubic, one = u.dtype.type(_GELU_C), u.dtype.type(_CUBIC), u.dtype.type(1)
     for j in range(u.size):
         x = u[j] + b[j]
         u[j] = x
-        g[j] = x * _gate(x, c, cubic, one)
+        g[j] = x * gelu_gate(x)
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
@@ -113,9 +112,8 @@ def bias_gelu(u, b):
 @njit(cache=True, error_model="numpy")
 def _times_gelu_grad_row(d, x):
     """d *= gelu'(x) over one row, in place."""
-    c, cubic, one = x.dtype.type(_GELU_C), x.dtype.type(_CUBIC), x.dtype.type(1)
     for j in range(x.size):
-        d[j] *= _gelu_grad(x[j], c, cubic, one)
+        d[j] *= _gelu_grad(x[j])
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
@@ -177,7 +175,7 @@ def _layer_norm(x, a, bias, g, b, eps):
             Normalised(xhat.reshape(shape), rstd.reshape(shape[:-1])))
 
 
-def layer_norm(x, g, b, eps=1e-5):
+def layer_norm(x, g, b, eps=LAYER_NORM_EPS):
     """``layers.layer_norm`` that also returns what its backward needs.
 
     Parameters
@@ -195,7 +193,7 @@ def layer_norm(x, g, b, eps=1e-5):
     return _layer_norm(x, None, None, g, b, eps)[1:]
 
 
-def add_layer_norm(x, a, bias, g, b, eps=1e-5):
+def add_layer_norm(x, a, bias, g, b, eps=LAYER_NORM_EPS):
     """The residual add and the next layer norm in one pass: s = x + a + bias, y = LN(s).
 
     Parameters
@@ -280,7 +278,7 @@ def layer_norm_backward(dy, saved, g, residual=None):
 # --- heads: the projections' columns to (batch, head) rows and back ---------------------
 
 @njit(cache=True, error_model="numpy", parallel=True)
-def _split_heads(proj, bias, n, out):
+def _heads_from_projections(proj, bias, n, out):
     """out[p, b, h, i] = proj[b n + i, (p H + h) d_head : ...] + bias[...]: one pass."""
     parts, batch, heads, _, width = out.shape
     for b in prange(batch):
@@ -294,19 +292,19 @@ def _split_heads(proj, bias, n, out):
                         dst[j] = row[col + j] + bias[col + j]
 
 
-def split_heads(proj, bias, n, n_parts, n_heads):
+def heads_from_projections(proj, bias, n, n_parts, n_heads):
     """P projections of B sequences of n positions, proj (B n, P d_model) + bias
     (P d_model,), as (P, B, H, n, d_head), each (batch, head) row contiguous as the attention
-    kernels take it: the bias add and ``attention.split_heads``'s copy of every part in one
-    pass. Cost: O(size(proj))."""
+    kernels take it: the bias add and ``attention.split_heads`` of every part in one pass.
+    Cost: O(size(proj))."""
     rows, cols = proj.shape
     out = np.empty((n_parts, rows // n, n_heads, n, cols // (n_parts * n_heads)), proj.dtype)
-    _split_heads(proj, bias, n, out)
+    _heads_from_projections(proj, bias, n, out)
     return out
 
 
 @njit(cache=True, error_model="numpy", parallel=True)
-def _merge_heads(part, offset, out):
+def _projections_from_heads(part, offset, out):
     """out[b n + i, offset + h d_head + j] = part[b, h, i, j]."""
     batch, heads, n, width = part.shape
     for b in prange(batch):
@@ -318,14 +316,15 @@ def _merge_heads(part, offset, out):
                     row[col + j] = part[b, h, i, j]
 
 
-def merge_heads(*parts):
+def projections_from_heads(*parts):
     """P arrays (B, H, N, d_head), any strides, side by side as (B N, P d_model), position
     by position: ``attention.merge_heads`` of each, concatenated along the last axis, one
-    pass per part. Cost: O(P B N d_model)."""
+    pass per part (the inverse of ``heads_from_projections`` without its bias).
+    Cost: O(P B N d_model)."""
     batch, heads, n, width = parts[0].shape
     out = np.empty((batch * n, len(parts) * heads * width), parts[0].dtype)
     for i, part in enumerate(parts):
-        _merge_heads(part, i * heads * width, out)
+        _projections_from_heads(part, i * heads * width, out)
     return out
 
 
@@ -345,49 +344,3 @@ def embedding_backward(dout, ids, table):
     dtable = np.zeros_like(table)
     _scatter_add(ids.reshape(-1), _as_rows(dout), dtable)
     return (dtable,)
-
-
-# --- Adam ---------------------------------------------------------------------------------
-
-@njit(cache=True, error_model="numpy")
-def _sum_squares(x):
-    """Four interleaved float64 sums: one chain of adds would wait on each add's latency."""
-    s0 = s1 = s2 = s3 = 0.0
-    n4 = x.size - x.size % 4
-    for i in range(0, n4, 4):
-        s0 += np.float64(x[i]) * np.float64(x[i])
-        s1 += np.float64(x[i + 1]) * np.float64(x[i + 1])
-        s2 += np.float64(x[i + 2]) * np.float64(x[i + 2])
-        s3 += np.float64(x[i + 3]) * np.float64(x[i + 3])
-    for i in range(n4, x.size):
-        s0 += np.float64(x[i]) * np.float64(x[i])
-    return (s0 + s1) + (s2 + s3)
-
-
-def sum_squares(x):
-    """sum of x^2 over every element, accumulated in float64 (``optim.global_norm``'s
-    terms). Cost: O(size(x))."""
-    return _sum_squares(x.reshape(-1))
-
-
-@njit(cache=True, error_model="numpy")
-def _adam(p, g, m, v, scale, lr, b1, one_b1, b2, one_b2, c1, c2, eps, p_new, m_new, v_new):
-    """The operations of ``optim.adam_update_numpy`` in its order, element by element."""
-    for i in range(p.size):
-        gi = g[i] * scale                                   # clipped
-        mi = b1 * m[i] + one_b1 * gi                        # first moment
-        vi = b2 * v[i] + one_b2 * gi * gi                   # second moment
-        m_new[i], v_new[i] = mi, vi
-        p_new[i] = p[i] - lr * (mi / c1) / (np.sqrt(vi / c2) + eps)
-
-
-def adam_step(p, g, m, v, scale, lr, beta1, beta2, c1, c2, eps):
-    """One parameter's Adam update with its gradient scaled by ``scale`` (clipping):
-    returns new (p, m, v), the same numbers as ``optim.adam_update_numpy`` computes, in one
-    pass. Cost: O(size(p))."""
-    t = p.dtype.type
-    p_new, m_new, v_new = np.empty_like(p), np.empty_like(m), np.empty_like(v)
-    _adam(p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1), t(scale), t(lr),
-          t(beta1), t(1 - beta1), t(beta2), t(1 - beta2), t(c1), t(c2), t(eps),
-          p_new.reshape(-1), m_new.reshape(-1), v_new.reshape(-1))
-    return p_new, m_new, v_new

@@ -1,9 +1,9 @@
-"""The transformer block of the lean training path: the same function as ``transformer.block``
-(Eq. (1) of Katharopoulos et al. (2020), arXiv:2006.16236, pre-norm), computed with fewer
-passes over memory.
+"""The transformer of the compiled (lean) training path: the same functions as
+``transformer.block``, ``forward`` and ``backward`` (Eq. (1) of Katharopoulos et al. (2020),
+arXiv:2006.16236, pre-norm), computed with fewer passes over memory.
 
     h1 = LN(x)                                  ``fused.layer_norm``, xhat and rstd kept
-    a  = A(h1) without b_O                      ``attention_fused``: Q, K, V in one product
+    a  = A(h1) without b_O                      ``attention.attention_fused``: QKV one product
     x' = x + a + b_O,  h2 = LN(x')              ``fused.add_layer_norm``: one pass
     u  = h2 W1 + b1,   g = act(u)               ``fused.bias_gelu``: u and g kept
     y  = x' + g W2 + b2
@@ -11,16 +11,17 @@ passes over memory.
 What the backward needs is kept from the forward instead of recomputed: the layer norms'
 xhat and 1 / std, the MLP's pre-activation u and activation g (the reference recomputes
 act(u) and both normalisations) and keeps x and x' instead: B N (d_mlp + 2) floats more per
-block, 33 MB over the four blocks of the paper's copy-task model at B = 16 (N = 127,
-d_mlp = 1024, float32).
-Reference: ``transformer.block`` and ``block_backward`` (tests/test_model_lean.py holds the
-whole model's gradient on this path to the reference's, in float64).
+block, memory traded for passes (docs/performance.md).
+Reference: ``transformer.block``, ``block_backward``, ``forward`` and ``backward``
+(tests/test_model_lean.py holds the whole model's gradient on this path to the reference's,
+in float64).
 """
 from typing import NamedTuple
 
 from . import fused
-from ..attention import attention_fused, attention_fused_backward
-from ..layers import ACTIVATIONS
+from .attention import attention_fused, attention_fused_backward
+from ..layers import ACTIVATIONS, linear, linear_backward
+from ..transformer import block_params, check_ids, embed, embed_backward
 
 
 class LeanBlockCache(NamedTuple):
@@ -80,3 +81,42 @@ def block_backward(dy, p, cache, cfg):
     dx, grads["ln1_g"], grads["ln1_b"] = fused.layer_norm_backward(
         dh1, cache.ln1, p["ln1_g"], residual=dx_mid)
     return dx, grads
+
+
+class LeanCache(NamedTuple):
+    """``forward``'s intermediates: token ids, each block's ``LeanBlockCache``, the final
+    layer norm's saved (xhat, rstd) and its output h_out."""
+
+    ids: object
+    blocks: tuple
+    lnf: object
+    h_out: object
+
+
+def forward(params, cfg, ids):
+    """``transformer.forward`` by the compiled path: the blocks above and the compiled layer
+    norm, keeping what ``backward`` needs. Same arguments and logits (up to rounding), a
+    ``LeanCache``. Cost: as the reference's."""
+    ids = check_ids(cfg, ids)
+    x = embed(params, cfg, ids)
+    caches = []
+    for layer in range(cfg.n_layers):
+        x, c = block(block_params(params, layer), x, cfg)
+        caches.append(c)
+    h, lnf = fused.layer_norm(x, params["lnf_g"], params["lnf_b"])
+    logits = linear(h, params["w_out"], params["b_out"])
+    return logits, LeanCache(ids, tuple(caches), lnf, h)
+
+
+def backward(dlogits, params, cfg, cache):
+    """Backward of ``forward``: every parameter's gradient, as ``transformer.backward``'s."""
+    grads = {}
+    dh, grads["w_out"], grads["b_out"] = linear_backward(dlogits, cache.h_out,
+                                                         params["w_out"], params["b_out"])
+    dx, grads["lnf_g"], grads["lnf_b"] = fused.layer_norm_backward(dh, cache.lnf,
+                                                                   params["lnf_g"])
+    for layer in reversed(range(cfg.n_layers)):
+        dx, g = block_backward(dx, block_params(params, layer), cache.blocks[layer], cfg)
+        grads.update({f"block{layer}.{name}": a for name, a in g.items()})
+    grads.update(embed_backward(dx, params, cfg, cache.ids, fused.embedding_backward))
+    return grads

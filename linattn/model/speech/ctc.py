@@ -29,6 +29,53 @@ import numpy as np
 from ... import _checks
 
 
+# --- input checks: the generic ones from linattn._checks, CTC's own here -----------------
+
+def _int_vector(name, x, size):
+    """``x`` as an int64 vector of ``size`` entries, or a clear error."""
+    x = np.asarray(x)
+    if x.dtype.kind not in "iu" or x.shape != (size,):
+        raise ValueError(f"{name} must be an integer array of shape ({size},), got "
+                         f"{x.dtype} {x.shape}")
+    return x.astype(np.int64)
+
+
+def check_ctc(logits, input_lengths, labels, label_lengths, blank):
+    """Validate the inputs of ``ctc_loss``: logits (B, T, C) float, input_lengths (B,) in
+    1..T, labels (B, L_max) integers, label_lengths (B,) in 0..L_max, every counted label in
+    0..C-1 and not ``blank``, blank in 0..C-1.
+
+    Returns (logits, input_lengths, labels, label_lengths), the integers as int64.
+    """
+    logits = _checks.as_float_array("logits", logits)
+    if _checks.array_module(logits) is not np:
+        raise TypeError("ctc_loss runs on NumPy arrays")
+    if logits.ndim != 3 or 0 in logits.shape:
+        raise ValueError(f"logits must have shape (B, T, C) with B, T, C >= 1, got "
+                         f"{logits.shape}")
+    b, t, c = logits.shape
+    if isinstance(blank, bool) or not isinstance(blank, (int, np.integer)) or not 0 <= blank < c:
+        raise ValueError(f"blank must be a class index in 0..{c - 1}, got {blank!r}")
+    input_lengths = _int_vector("input_lengths", input_lengths, b)
+    if np.any(input_lengths < 1) or np.any(input_lengths > t):
+        raise ValueError(f"input_lengths must lie in 1..T = {t}, got {input_lengths}")
+    labels = np.asarray(labels)
+    if labels.dtype.kind not in "iu" or labels.ndim != 2 or labels.shape[0] != b:
+        raise ValueError(f"labels must be an integer array of shape (B, L_max) = ({b}, ...), "
+                         f"got {labels.dtype} {labels.shape}")
+    labels = labels.astype(np.int64)
+    label_lengths = _int_vector("label_lengths", label_lengths, b)
+    if np.any(label_lengths < 0) or np.any(label_lengths > labels.shape[1]):
+        raise ValueError(f"label_lengths must lie in 0..L_max = {labels.shape[1]}, got "
+                         f"{label_lengths}")
+    counted = labels[np.arange(labels.shape[1]) < label_lengths[:, None]]
+    if counted.size and (counted.min() < 0 or counted.max() >= c or np.any(counted == blank)):
+        raise ValueError(f"labels must be classes in 0..{c - 1} other than the blank "
+                         f"({blank}), got values in [{counted.min()}, {counted.max()}]"
+                         f"{' including the blank' if np.any(counted == blank) else ''}")
+    return logits, input_lengths, labels, label_lengths
+
+
 def _log_softmax(logits):
     """log softmax over the last axis in float64, shifted by the row maximum."""
     x = logits.astype(np.float64)
@@ -144,7 +191,7 @@ def ctc_loss(logits, input_lengths, labels, label_lengths, *, blank=0):
 
     Cost: O(B T (C + L_max)) time and O(B T L_max) memory; a Python loop over T.
     """
-    logits, input_lengths, labels, label_lengths = _checks.check_ctc(
+    logits, input_lengths, labels, label_lengths = check_ctc(
         logits, input_lengths, labels, label_lengths, blank)
     _, _, log_p, _, _ = _lattice(logits, input_lengths, labels, label_lengths, blank)
     return (-log_p).astype(logits.dtype)
@@ -170,7 +217,7 @@ def ctc_loss_backward(dnll, logits, input_lengths, labels, label_lengths, *, bla
 
     Cost: O(B T C L_max) time (the occupancies summed per class), O(B T L_max) memory.
     """
-    logits, input_lengths, labels, label_lengths = _checks.check_ctc(
+    logits, input_lengths, labels, label_lengths = check_ctc(
         logits, input_lengths, labels, label_lengths, blank)
     dnll = _checks.as_float_array("dnll", dnll)
     if dnll.shape != (logits.shape[0],):
@@ -207,7 +254,7 @@ def greedy_decode(logits, input_lengths, blank=0):
     logits = _checks.as_float_array("logits", logits)
     if logits.ndim != 3:
         raise ValueError(f"logits must have shape (B, T, C), got {logits.shape}")
-    lengths = _checks.int_vector("input_lengths", input_lengths, logits.shape[0])
+    lengths = _int_vector("input_lengths", input_lengths, logits.shape[0])
     if np.any(lengths < 0) or np.any(lengths > logits.shape[1]):
         raise ValueError(f"input_lengths must lie in 0..T = {logits.shape[1]}, got {lengths}")
     best = logits.argmax(axis=-1)                                  # (B, T)

@@ -26,7 +26,8 @@ from tqdm import tqdm
 from ... import threads
 from ..checkpoint import load_checkpoint, save_checkpoint
 from .ctc import phoneme_error_rate
-from ..optim import AdamConfig, adam_update
+from ..optim import AdamConfig
+from ..paths import adam_update
 from .models import SpeechConfig, check_speech_config, decode, init_params, loss_and_grads
 from .task import SpeechTask, epoch_batches, pad_batch, trivial_per
 from ..train import open_log, start_or_resume
@@ -127,6 +128,7 @@ def run_speech(cfg, task, train_cfg, adam=DEFAULT_SPEECH_ADAM, out_dir=None, res
                 batch = pad_batch([train[i] for i in idx])
                 t_step = time.perf_counter()
                 loss, grads = loss_and_grads(params, cfg, batch)
+                # the reference layers, the compiled Adam step (``paths``' default path)
                 params, opt_state, _ = adam_update(params, grads, opt_state, adam)
                 train_s += time.perf_counter() - t_step
                 losses.append(loss)

@@ -1,4 +1,4 @@
-"""The generation kernels (``linattn.numba_cpu.decode``) against the NumPy layers and
+"""The generation kernels (``linattn.model.fast.token_kernels``) against the NumPy layers and
 ``softmax_attention``: float64 within rounding on drawn shapes, float32 close, and the
 edge values (NaN, infinities, large logits) handled as the references handle them."""
 import numpy as np
@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from linattn import softmax_attention
 from linattn.model.layers import gelu, layer_norm, relu
-from linattn.numba_cpu import decode as kernels
+from linattn.model.fast import token_kernels as kernels
 
 
 def _normal(rng, shape, dtype=np.float64, scale=1.0):

@@ -1,5 +1,6 @@
-"""The lean token loop behind ``generate``'s "recurrent" and "cache" methods: the reference
-``generate.step``, reorganised so that a token does no work a token need not do.
+"""The compiled token loop behind ``generate``'s "recurrent" and "cache" methods on the lean
+path: the reference ``token_step.step``, reorganised so that a token does no work a token
+need not do.
 
 Katharopoulos et al. (2020), arXiv:2006.16236, section 3.4: a linear transformer generates
 like an RNN, each layer carrying its state (S, z) of Eq. (16)-(20); a softmax one keeps its
@@ -14,31 +15,23 @@ validating, splitting heads and allocating as it goes. Here that is done once pe
 - ``memories``: one ``linattn.Recurrence`` per layer (lead shape (B, H), its state updated
   in place, Eq. 18-19), or one ``SoftmaxCache`` per layer, filled a position at a time.
 Then ``token_logits`` per token: per block four BLAS products, the attention, and three
-compiled calls for the element work between them (``linattn.numba_cpu.decode``).
+compiled calls for the element work between them (``token_kernels``); ``next_logits`` runs
+it over a sequence, as ``token_step.next_logits`` runs ``step``.
 
 Layout: a token's arrays are columns, (features, B), and every product is
-out^T = W^T in^T, with W^T (out, in) C-contiguous. The result is the same as in x W, but
-OpenBLAS multiplies a (N, K) matrix by a (K, 16) one faster than a (16, K) matrix by a (K, N)
-one: the model's products took 2.4 ms a token against 3.1 ms at B = 16 (one thread, the
-MNIST shape; 1.4 against 2.2 ms on two), and 0.9 ms either way at B = 1, where reading the
-25 MB of weights is the whole cost. OpenBLAS runs a product with one column on one thread,
-so at B = 1 ``numba_cpu.decode.product`` splits each into two blocks of rows on two
-threads: 0.53 ms a token against 0.87 ms (2-core Xeon). At B = 16 the split lost (one
-BLAS call per block, each spreading over threads of its own): NumPy's call stays.
+out^T = W^T in^T, with W^T (out, in) C-contiguous: the same result as x W, in the
+orientation OpenBLAS multiplies faster for a batch of a few columns. At B = 1 OpenBLAS runs
+a product with one column on one thread, so ``token_kernels.product`` splits it into two
+blocks of rows on two threads; at larger B NumPy's one call stays. The measurements behind
+both choices, and where a token's time goes: docs/performance.md.
 
-Where a token's time goes (the MNIST model of section 4.2: 8 layers, d_model 256, d_mlp
-1024, float32, 784 positions; 2 threads of an idle 2-core Xeon): at B = 1, 0.76 ms, of which
-the eight RNN steps 0.05 ms, the layer norms 0.05 ms and the products nearly all the rest;
-at B = 16, 2.2 ms, of which the RNN steps 0.37 ms, GELU 0.1 ms, the layer norms 0.07 ms and
-the products the rest; the softmax cache at B = 16 spends ~10 ms a token on average reading
-its keys and values (up to 205 MB).
-
-Oracle: ``generate.step``; tests/test_model_generate.py holds the two to each other.
+Oracle: ``token_step.step``; tests/test_model_generate.py holds the two to each other.
 """
 from typing import NamedTuple
 
 import numpy as np
 
+from . import token_kernels as kernels
 from ...recurrence import Recurrence
 from ..transformer import block_params, sinusoidal_positions
 
@@ -162,14 +155,13 @@ def _matmul(w, x, out):
 
 
 def _multiply(b):
-    """The loop's out = w x for a batch of b columns: ``numba_cpu.decode.product`` (two
+    """The loop's out = w x for a batch of b columns: ``token_kernels.product`` (two
     blocks of rows on two threads) at b = 1, NumPy's single BLAS call otherwise."""
-    from ...numba_cpu import decode as kernels          # numba is imported on first use
     return kernels.product if b == 1 else _matmul
 
 
 def token_logits(weights, buf, memories, cfg, tokens, t):
-    """Next-token logits (B, V) from the tokens (B,) at position t: ``generate.step``'s
+    """Next-token logits (B, V) from the tokens (B,) at position t: ``token_step.step``'s
     result, a view of ``buf.logits`` (overwritten by the next call). Updates ``memories``
     in place.
 
@@ -181,7 +173,6 @@ def token_logits(weights, buf, memories, cfg, tokens, t):
     Cost per token: O(L B d_model (4 d_model + 2 d_mlp) + B d_model V) for the products,
     plus O(L B d_model d_head) (linear) or O(L B t d_model) (softmax) for the attention.
     """
-    from ...numba_cpu import decode as kernels          # numba is imported on first use
     b, d = buf.x.shape[1], cfg.d_model
     relu, scale = cfg.activation == "relu", buf.x.dtype.type(cfg.d_head ** -0.5)
     first = weights.blocks[0]
@@ -213,7 +204,7 @@ def token_products(weights, buf):
     """The matrix products of one ``token_logits`` call and nothing else, on whatever the
     buffers hold (for the heads' product, ``buf.heads`` C-ordered, where the RNN's output is
     a transposed view): a token's time without its attention and element work, the floor
-    ``model.speed`` reports beside the RNN. Cost: O(L B d_model (4 d_model + 2 d_mlp) +
+    ``linattn.lab.speed`` reports beside the RNN. Cost: O(L B d_model (4 d_model + 2 d_mlp) +
     B d_model V)."""
     multiply = _multiply(buf.x.shape[1])
     for blk in weights.blocks:
@@ -222,3 +213,16 @@ def token_products(weights, buf):
         multiply(blk.w_1, buf.h, buf.hidden)
         multiply(blk.w_2, buf.hidden, buf.y)
     multiply(weights.w_out, buf.h, buf.logits)
+
+
+def next_logits(params, cfg, tokens):
+    """Yield the next-token logits (B, V) of positions t = 0..N-2 of ``tokens`` (B, N) by
+    ``token_logits``, reading ``tokens[:, t]`` only when asked for position t's logits (the
+    caller may write the token it samples at t + 1 in between): ``token_step.next_logits``
+    on the compiled path. Each yielded array is overwritten by the next."""
+    b, n = tokens.shape
+    weights = prepare(params, cfg, n - 1)
+    buf = buffers(cfg, b, n - 1)
+    state = memories(cfg, b, n - 1)                     # S_0 = z_0 = 0 (Eq. 16-17), or empty
+    for t in range(n - 1):
+        yield token_logits(weights, buf, state, cfg, tokens[:, t], t)

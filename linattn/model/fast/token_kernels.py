@@ -1,6 +1,6 @@
 """The element work of one generated token, between its matrix products: the compiled part
-of the lean loop of ``linattn.model.fast.decode`` (``generate``'s "recurrent" and "cache"
-methods; section 3.4 of Katharopoulos et al. (2020), arXiv:2006.16236, and Eq. (1) in its
+of the token loop of ``token_loop`` (``generate``'s "recurrent" and "cache" methods on the
+lean path; section 3.4 of Katharopoulos et al. (2020), arXiv:2006.16236, and Eq. (1) in its
 pre-norm form).
 
 - ``add_norm``: the residual add and the layer norm after it, x += y + bias, h = LN(x);
@@ -10,31 +10,32 @@ pre-norm form).
   on two threads.
 
 Layout: a token's arrays are columns, (features, B), one column per sequence, as the loop
-keeps them (``model.decode`` says why: OpenBLAS multiplies W^T (N, K) by x^T (K, 16)
-faster than x (16, K) by W). So layer norm reduces along the features for every sequence
-at once, and the loops run along the batch, contiguous, with no reduction across lanes:
-LLVM vectorises them without fastmath at B = 16 (at B = 1 they are short).
+keeps them (``token_loop`` says why). So layer norm reduces along the features for every
+sequence at once, and the loops run along the batch, contiguous, with no reduction across
+lanes: LLVM vectorises them without fastmath.
 
-GELU is computed as x sigmoid(2 y), y = c (x + 0.044715 x^3): the same function as the
-reference's 0.5 x (1 + tanh(y)), since (1 + tanh(y)) / 2 = 1 / (1 + exp(-2 y)); the sigmoid
-needs one exp of a non-positive number (``flash_tiles.exp_nonpositive``, vectorisable), where
-Numba's tanh is a C call per element (5.6 us for 1024 against NumPy's 0.6 us), and it keeps
-its digits for negative x, where 1 + tanh(y) cancels.
+GELU is x times the one compiled gate, ``fused.gelu_gate`` (the training path's): the
+sigmoid form of the reference's 0.5 (1 + tanh(y)), with the library's exp of a
+non-positive number. Layer norm's eps is ``layers.LAYER_NORM_EPS``. The softmax over the
+cache reuses the one-query tile loops of the library's softmax kernel
+(``numba_cpu.flash_tiles``), and ``product`` its BLAS binding (``numba_cpu.blas``): these
+kernels are no attention of the dispatch table, only the token loop calls them, so they
+live here, Numba-only by design.
 
 Oracles: ``model.layers`` (layer_norm, gelu, relu) and ``linattn.softmax_attention``
-(tests/test_numba_decode.py); the whole loop: ``model.generate.step``. Arguments are the
-loop's own, already checked and C-contiguous.
+(tests/test_model_token_kernels.py); the whole loop: ``model.token_step.step``. Arguments
+are the loop's own, already checked and C-contiguous.
 """
 import numpy as np
 from numba import njit, prange
 
-from .blas import gemm
-from .chunked import SINGLE_THREAD_PRODUCT
-from .flash_tiles import exp_and_sum, exp_nonpositive, scale_and_max
+from .fused import gelu_gate
+from ..layers import LAYER_NORM_EPS
+from ...numba_cpu.blas import gemm
+from ...numba_cpu.chunked import SINGLE_THREAD_PRODUCT
+from ...numba_cpu.flash_tiles import exp_and_sum, scale_and_max
 
-LN_EPS = 1e-5              # as ``model.layers.layer_norm``
 PRODUCT_BLOCKS = 2         # ``product``'s blocks of rows, whatever the number of threads
-_GELU_C = np.sqrt(2 / np.pi)
 
 
 @njit(cache=True, error_model="numpy")
@@ -58,7 +59,7 @@ def add_norm(x, y, bias, g, b, h):
         x_i = x[i]
         for c in range(n_batch):
             var[c] += (x_i[c] - mean[c]) * (x_i[c] - mean[c])
-    rstd = 1 / np.sqrt(var / d + x.dtype.type(LN_EPS))       # (B,)
+    rstd = 1 / np.sqrt(var / d + x.dtype.type(LAYER_NORM_EPS))       # (B,)
     for i in range(d):
         x_i, h_i, g_i, b_i = x[i], h[i], g[i], b[i]
         for c in range(n_batch):
@@ -67,20 +68,16 @@ def add_norm(x, y, bias, g, b, h):
 
 @njit(cache=True, error_model="numpy", inline="always")     # inlined: vectorises in loops
 def _activation(x, relu):
-    """ReLU (NaN stays NaN), or GELU as x sigmoid(2 y), y = c (x + 0.044715 x^3)."""
-    one, zero = type(x)(1), type(x)(0)
+    """ReLU (NaN stays NaN), or GELU, x times its gate (``fused.gelu_gate``)."""
     if relu:
-        return x if x > 0 or x != x else zero
-    s = type(x)(2 * _GELU_C) * (x + type(x)(0.044715) * x * x * x)     # 2 y
-    e = exp_nonpositive(-abs(s))                                      # exp(-|2 y|) <= 1
-    sig = one / (one + e) if s >= 0 else e / (one + e)   # sigmoid(2 y), no overflow
-    return x * sig                                        # NaN in: NaN out
+        return x if x > 0 or x != x else type(x)(0)
+    return x * gelu_gate(x)                               # NaN in: NaN out
 
 
 @njit(cache=True, error_model="numpy")
 def bias_activate(u, bias, relu):
-    """u = act(u + bias) in place over (F, B), bias (F,): ReLU, or GELU as
-    x sigmoid(2 c (x + 0.044715 x^3)) with x = u + bias. Cost: O(F B), an exp an element."""
+    """u = act(u + bias) in place over (F, B), bias (F,): ReLU, or GELU as x times its gate,
+    x = u + bias. Cost: O(F B), an exp an element."""
     n_features, n_batch = u.shape
     if n_batch == 1:                      # one column, contiguous: the loop runs along it
         col = u.reshape(n_features)
@@ -107,8 +104,8 @@ def cache_attend(qkv, t, keys_t, values, scale, scores, heads):
     k_t and v_t are first written into the caches at t. Then per sequence and head, with
     the one-query tile loops of ``flash_tiles`` (the library's softmax kernel's own):
         L_j = scale q . k_j,  P_j = exp(L_j - max L),  out = sum_j P_j v_j / sum_j P_j.
-    Cost: O(B t D) time, one read of the caches (at B = 16 and t in the hundreds, bound by
-    memory bandwidth).
+    Cost: O(B t D) time, one read of the caches (for long caches, bound by memory
+    bandwidth).
     """
     n_batch, n_heads, d_head, _ = keys_t.shape
     d, n = n_heads * d_head, t + 1
