@@ -81,7 +81,7 @@ def test_layer_norm_is_the_reference(shape, add, seed):
     else:
         y, saved = fused.layer_norm(x, g, b)
     np.testing.assert_allclose(y, layers.layer_norm(x, g, b), rtol=1e-10, atol=1e-12)
-    xhat, rstd = layers._normalise(x, 1e-5)
+    xhat, rstd = layers._normalise(x, layers.LAYER_NORM_EPS)
     np.testing.assert_allclose(saved.xhat, xhat, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(saved.rstd, rstd[..., 0], rtol=1e-12)
 
