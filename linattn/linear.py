@@ -68,7 +68,7 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
     kw = _options(causal, eps, chunk_size)
     phi = get_feature_map(feature_map)
     kernel, _ = dispatch.kernel("linear", method, backend, _checks.array_module(q), causal,
-                                q.shape[-2:])
+                                q.shape[-2:], needs=dispatch.needed(causal=causal))
     if dispatch.fuses(kernel, phi):
         out = kernel.attend(q, k, v, elu=True, **kw)
     else:
@@ -103,7 +103,7 @@ def linear_attention_backward(dout, q, k, v, *, causal=False, feature_map="elu+1
     kw = _options(causal, eps, chunk_size)
     phi = get_feature_map(feature_map)
     kernel, _ = dispatch.kernel("linear", method, backend, _checks.array_module(q), causal,
-                                q.shape[-2:])
+                                q.shape[-2:], needs=dispatch.needed(causal=causal))
     if dispatch.fuses(kernel, phi):
         grads = kernel.attend_backward(dout, q, k, v, elu=True, **kw)
     else:
@@ -170,5 +170,5 @@ def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps
                                      **elu)
         return out.astype(out_dtype, copy=False), state
     state = zero_state(lead, f, m, q_t.dtype, xp) if state is None else State(*state)
-    out, state = kernel.step(phi_q, phi_k, v_t, state, eps, **elu)
+    out, state = kernel.step(phi_q, phi_k, v_t, state, eps=eps, **elu)
     return out.astype(out_dtype, copy=False), state

@@ -38,7 +38,8 @@ def softmax_attention(q, k, v, *, causal=False, scale=None, backend="auto"):
     (q, k, v), out_dtype = _checks.check_qkv(q, k, v, causal=causal)
     _checks.check_keys(q, k)
     scale = _checks.check_scale(scale, q.shape[-1])
-    kernel, _ = dispatch.kernel("softmax", "auto", backend, _checks.array_module(q))
+    kernel, _ = dispatch.kernel("softmax", "auto", backend, _checks.array_module(q),
+                                needs=dispatch.needed(causal=causal))
     out = kernel.attend(q, k, v, causal=causal, scale=scale)
     return out.astype(out_dtype, copy=False)
 
@@ -68,6 +69,7 @@ def softmax_attention_backward(dout, q, k, v, *, causal=False, scale=None, backe
     (q, k, v, dout), out_dtype = _checks.check_qkv(q, k, v, dout, causal=causal)
     _checks.check_keys(q, k)
     scale = _checks.check_scale(scale, q.shape[-1])
-    kernel, _ = dispatch.kernel("softmax", "auto", backend, _checks.array_module(q))
+    kernel, _ = dispatch.kernel("softmax", "auto", backend, _checks.array_module(q),
+                                needs=dispatch.needed(causal=causal))
     grads = kernel.attend_backward(dout, q, k, v, causal=causal, scale=scale)
     return tuple(g.astype(out_dtype, copy=False) for g in grads)

@@ -14,6 +14,7 @@ from .normaliser import normalised, normalised_backward
 from .quadratic import masked
 
 FUSED_FEATURE_MAPS = ()  # every feature map is applied before the kernel
+SUPPORTS = frozenset({"non_causal"})  # options taken by keyword (dispatch)
 
 DEFAULT_CHUNK_SIZE = 32  # see linear_attention's chunk_size
 

@@ -9,6 +9,7 @@ from .._checks import array_module
 from .normaliser import normalised, normalised_backward
 
 FUSED_FEATURE_MAPS = ()  # every feature map is applied before the kernel
+SUPPORTS = frozenset({"non_causal"})  # options taken by keyword (dispatch)
 
 
 def product(phi_q, phi_k, v, causal):

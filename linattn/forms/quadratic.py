@@ -7,6 +7,7 @@ This is the oracle: every other method and backend is tested against it.
 from .._checks import array_module
 
 FUSED_FEATURE_MAPS = ()  # every feature map is applied before the kernel
+SUPPORTS = frozenset({"non_causal"})  # options taken by keyword (dispatch)
 
 
 def masked(a, causal):

@@ -16,6 +16,7 @@ from typing import NamedTuple
 from .._checks import array_module
 
 FUSED_FEATURE_MAPS = ()  # every feature map is applied before the kernel
+SUPPORTS = frozenset({"non_causal"})  # options taken by keyword (dispatch)
 
 
 class State(NamedTuple):

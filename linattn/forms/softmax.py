@@ -9,6 +9,7 @@ It runs on NumPy and CuPy arrays alike.
 """
 from .._checks import array_module
 
+SUPPORTS = frozenset({"non_causal"})  # options taken by keyword (dispatch)
 
 
 def probabilities(q, k, causal, scale):
