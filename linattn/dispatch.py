@@ -14,7 +14,9 @@ The families and the functions their modules define (same names on every backend
 
 - ``"linear"``: ``attend(phi_q, phi_k, v, *, causal, eps, chunk_size=None)`` and
   ``attend_backward(dout, phi_q, phi_k, v, *, ...) -> (dphi_q, dphi_k, dv)``, on positive
-  features; methods quadratic, linear, chunked, recurrent.
+  features; methods quadratic, linear, chunked, recurrent. With the options: ``key_mask=``,
+  ``initial_state=`` (the backward then also returns d initial_state), ``return_state=True``
+  (``attend`` returns ``(out, State)``; the backward takes its gradient as ``dstate=``).
 - ``"step"``: ``step(phi_q, phi_k, v, state, eps) -> (out, state)``, one RNN step that
   returns a new state (``linear_attention_step``); ``step_into(phi_q, phi_k, v, S, z, out,
   eps)``, the same step updating the C-contiguous S and z in place and writing ``out``
@@ -22,7 +24,7 @@ The families and the functions their modules define (same names on every backend
   phi_k, v, S, z, S_c, z_c, out, eps)``, which adds by Kahan's compensated summation, S_c
   and z_c the compensation (the fields of a ``CompensatedState``).
 - ``"softmax"``: ``attend(q, k, v, *, causal, scale)`` and ``attend_backward(dout, q, k, v,
-  *, causal, scale) -> (dq, dk, dv)``.
+  *, causal, scale) -> (dq, dk, dv)``; with the option ``key_mask=``.
 - ``"lsh"``: ``attend(qk, v, *, n_hashes, chunk_size, n_buckets, causal, seed)`` and
   ``attend_backward(dout, qk, v, *, ...) -> (dqk, dv)``.
 
@@ -88,7 +90,7 @@ TABLE = {
     ("step", "auto", "cupy"): "linattn.cuda.step",
     ("softmax", "auto", "numpy"): "linattn.forms.softmax",           # the N x N oracle
     ("softmax", "auto", "numba"): "linattn.numba_cpu.softmax",
-    ("softmax", "auto", "cupy"): "linattn.cuda.softmax",
+    ("softmax", "auto", "cupy"): ("linattn.cuda.softmax", "linattn.forms.softmax"),
     ("lsh", "auto", "numpy"): "linattn.forms.lsh",                   # sort, gather, scatter
     ("lsh", "auto", "numba"): "linattn.numba_cpu.lsh",
 }

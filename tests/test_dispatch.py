@@ -10,7 +10,7 @@ import pytest
 
 import linattn
 from linattn import dispatch
-from linattn.forms import chunked as numpy_chunked
+from linattn.forms import chunked as numpy_chunked, recurrent as numpy_recurrent
 
 from test_layout import BACKEND_ALLOWED, imports_of
 
@@ -68,8 +68,9 @@ def test_needed_names_the_options_given(option, value):
 
 
 def test_auto_skips_a_module_without_an_option_and_a_named_backend_says_which(monkeypatch):
-    # only NumPy's blocks take the option here: Numba's do not declare it
-    monkeypatch.setattr(numpy_chunked, "SUPPORTS", numpy_chunked.SUPPORTS | {"key_mask"})
+    # Numba's blocks do not declare the key mask, NumPy's do; take it from NumPy's scan
+    assert "key_mask" in numpy_chunked.SUPPORTS
+    monkeypatch.setattr(numpy_recurrent, "SUPPORTS", frozenset({"non_causal"}))
     needs = dispatch.needed(causal=True, key_mask=True)
     module, backend = dispatch.kernel("linear", "chunked", "auto", np, True, needs=needs)
     assert (module.__name__, backend) == ("linattn.forms.chunked", "numpy")
