@@ -151,11 +151,12 @@ def _shapes(steps):
     return ", ".join(f"{n}{a.shape}" for n, a in zip(("q_t", "k_t", "v_t"), steps))
 
 
-def check_state(state, s_shape, dtype, xp, compensated=False):
+def check_state(state, s_shape, dtype, xp, compensated=False, name="state"):
     """The RNN ``state`` as (S, z) checked against S (..., F, M) = ``s_shape`` and z (..., F),
     cast to ``dtype``; None stays None (the caller starts from zeros, Eq. 16-17). With
     ``compensated`` the state is (S, z, S_c, z_c), a ``CompensatedState``: S_c like S, z_c
-    like z. A plain state given to a compensated step, or the reverse, is a TypeError."""
+    like z. A plain state given to a compensated step, or the reverse, is a TypeError.
+    Messages call it ``name``."""
     if state is None:
         return None
     names = ("S", "z", "S_c", "z_c") if compensated else ("S", "z")
@@ -170,16 +171,16 @@ def check_state(state, s_shape, dtype, xp, compensated=False):
         elif isinstance(state, tuple) and len(state) == 2 and compensated:
             hint = ("; a plain State has no compensation terms: start from None, or from "
                     "CompensatedState(S, z, zeros_like(S), zeros_like(z))")
-        raise TypeError(f"state must be None or {expected}, got {type(state).__name__}"
+        raise TypeError(f"{name} must be None or {expected}, got {type(state).__name__}"
                         f"{f' of {len(state)} arrays' if isinstance(state, tuple) else ''}"
                         f"{hint}")
-    arrays = [as_float_array(f"state.{n}", a) for n, a in zip(names, state)]
+    arrays = [as_float_array(f"{name}.{n}", a) for n, a in zip(names, state)]
     if any(array_module(a) is not xp for a in arrays):
-        raise TypeError(f"state must hold {xp.__name__} arrays like q_t, k_t and v_t, got "
+        raise TypeError(f"{name} must hold {xp.__name__} arrays like q_t, k_t and v_t, got "
                         f"{', '.join(type(a).__name__ for a in arrays)}")
     if any(a.shape != shape for a, shape in zip(arrays, shapes)):
         got = ", ".join(f"{n} {a.shape}" for n, a in zip(names, arrays))
-        raise ValueError(f"state must be {expected} for these inputs and feature map, got "
+        raise ValueError(f"{name} must be {expected} for these inputs and feature map, got "
                          f"{got}")
     return tuple(a.astype(dtype, copy=False) for a in arrays)
 
@@ -298,3 +299,55 @@ def check_recurrence_step(q_t, k_t, v_t, qk_shape, v_shape, dtype, xp):
                              f"got {x.shape}")
         arrays.append(xp.asarray(x))
     return tuple(arrays)
+
+
+# --- key padding and handed-over states (linear_attention, softmax_attention) ---------------
+
+def check_key_mask(key_mask, key_lengths, lead, n_k, xp):
+    """The real keys as one boolean array of shape (*lead, Nk), or None when neither is given.
+
+    ``key_mask``: booleans whose shape broadcasts to (*lead, Nk), True for a real key.
+    ``key_lengths``: integers whose shape broadcasts to ``lead``, each in 0..Nk: the first
+    ``length`` keys are real (right padding). Both are ``xp`` arrays (or, for NumPy, anything
+    ``numpy.asarray`` takes): no hidden host-device copies."""
+    if key_mask is not None and key_lengths is not None:
+        raise ValueError("pass key_mask or key_lengths, not both (key_lengths=L is "
+                         "key_mask = arange(Nk) < L[..., None])")
+    if key_mask is None and key_lengths is None:
+        return None
+    name, given = ("key_mask", key_mask) if key_mask is not None else ("key_lengths", key_lengths)
+    if xp is np:
+        given = np.asarray(given)
+    elif not isinstance(given, xp.ndarray):
+        raise TypeError(f"{name} must be a {xp.__name__} array like q, k and v, got "
+                        f"{type(given).__module__}.{type(given).__name__}")
+    want = (*lead, n_k) if name == "key_mask" else lead
+    try:
+        shape = np.broadcast_shapes(given.shape, want)
+    except ValueError:
+        shape = None
+    if shape != want:
+        raise ValueError(f"{name} must have a shape that broadcasts to {want} "
+                         f"({'(..., Nk)' if name == 'key_mask' else 'the leading axes'} of "
+                         f"k), got {given.shape}")
+    if name == "key_mask":
+        if given.dtype != bool:
+            raise TypeError(f"key_mask must be a boolean array (True for a real key), got "
+                            f"dtype {given.dtype}")
+        return xp.broadcast_to(given, want)
+    if given.dtype.kind not in "iu":
+        raise TypeError(f"key_lengths must be an integer array, got dtype {given.dtype}")
+    if given.size and (int(given.min()) < 0 or int(given.max()) > n_k):
+        raise ValueError(f"key_lengths must lie in 0..Nk = 0..{n_k}, got values in "
+                         f"[{int(given.min())}, {int(given.max())}]")
+    return xp.arange(n_k) < xp.broadcast_to(given, want)[..., None]
+
+
+def check_states(causal, initial_state, return_state):
+    """``return_state`` as a bool; a ValueError when a state is asked of non-causal
+    attention, where no position comes before another to hand a state over."""
+    return_state = check_flag("return_state", return_state)
+    if not causal and (initial_state is not None or return_state):
+        raise ValueError("initial_state, return_state and dstate need causal=True: a state carries "
+                         "the keys before a position over to the next piece of a sequence")
+    return return_state

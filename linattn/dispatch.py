@@ -14,7 +14,9 @@ The families and the functions their modules define (same names on every backend
 
 - ``"linear"``: ``attend(phi_q, phi_k, v, *, causal, eps, chunk_size=None)`` and
   ``attend_backward(dout, phi_q, phi_k, v, *, ...) -> (dphi_q, dphi_k, dv)``, on positive
-  features; methods quadratic, linear, chunked, recurrent.
+  features; methods quadratic, linear, chunked, recurrent. With the options: ``key_mask=``,
+  ``initial_state=`` (the backward then also returns d initial_state), ``return_state=True``
+  (``attend`` returns ``(out, State)``; the backward takes its gradient as ``dstate=``).
 - ``"step"``: ``step(phi_q, phi_k, v, state, eps) -> (out, state)``, one RNN step that
   returns a new state (``linear_attention_step``); ``step_into(phi_q, phi_k, v, S, z, out,
   eps)``, the same step updating the C-contiguous S and z in place and writing ``out``
@@ -22,14 +24,27 @@ The families and the functions their modules define (same names on every backend
   phi_k, v, S, z, S_c, z_c, out, eps)``, which adds by Kahan's compensated summation, S_c
   and z_c the compensation (the fields of a ``CompensatedState``).
 - ``"softmax"``: ``attend(q, k, v, *, causal, scale)`` and ``attend_backward(dout, q, k, v,
-  *, causal, scale) -> (dq, dk, dv)``.
+  *, causal, scale) -> (dq, dk, dv)``; with the option ``key_mask=``.
 - ``"lsh"``: ``attend(qk, v, *, n_hashes, chunk_size, n_buckets, causal, seed)`` and
   ``attend_backward(dout, qk, v, *, ...) -> (dqk, dv)``.
 
-Each module also declares ``FUSED_FEATURE_MAPS``, the feature-map classes it applies itself
-to raw q and k when called with ``elu=True`` (the Numba kernels fuse elu+1, Eq. 7); the public
-function applies any other map first, so the unfused path is always available and is what the
-fused one is tested against.
+Each module declares what it supports, and ``kernel`` reads nothing else about it:
+
+- ``SUPPORTS``, a frozenset of the options it takes beyond the family's bare call, each
+  reaching it by keyword: ``"non_causal"`` (``causal=False``), ``"key_mask"`` (a boolean
+  (..., Nk) mask of real keys), ``"initial_state"`` (a ``State`` to start from) and
+  ``"return_state"`` (return the final ``State`` too; its backward takes ``dstate``).
+  A new option lands in the NumPy forms first; "auto" skips a module without it, and an
+  explicit backend whose modules all lack it is a ValueError naming backend, method and option.
+- ``FUSED_FEATURE_MAPS``, the feature-map classes it applies itself to raw q and k when called
+  with ``elu=True`` (the Numba kernels fuse elu+1, Eq. 7); the public function applies any
+  other map first, so the unfused path is always available and is what the fused one is
+  tested against.
+
+A table entry is a module, or a tuple of modules tried in order: the first whose ``SUPPORTS``
+has every option the call needs runs it. CuPy's causal kernels are followed by NumPy's forms,
+which run on CuPy arrays through ``xp``: the non-causal case (two matrix products) and the
+options the kernels do not have yet.
 
 The "auto" rule, written once:
 - backend "auto": "cupy" for CuPy arrays; for NumPy arrays "numba" when numba imports and has
@@ -39,6 +54,8 @@ The "auto" rule, written once:
   running sums non-causal, blocks causal; Numba: the kernel matrix in blocks for short
   sequences, else blocks of positions; CUDA: the chunked scan causal, matrix products
   non-causal). Families without methods (step, softmax, lsh) have the single method "auto".
+- options: a module lacking one the call needs is skipped (by "auto", for the next module of
+  the entry, then the next backend); an explicit backend with none that has it is a ValueError.
 - an explicit backend without the method asked for is a ValueError that names both.
 """
 import importlib
@@ -51,7 +68,7 @@ BACKENDS = ("auto", "numpy", "numba", "cupy")
 METHODS = {"linear": ("auto", "quadratic", "linear", "chunked", "recurrent"),
            "step": ("auto",), "softmax": ("auto",), "lsh": ("auto",)}
 
-# (family, method, backend) -> the module that runs it
+# (family, method, backend) -> the module that runs it, or the modules tried in order
 TABLE = {
     ("linear", "quadratic", "numpy"): "linattn.forms.quadratic",      # the oracle
     ("linear", "linear", "numpy"): "linattn.forms.cumulative",
@@ -62,15 +79,18 @@ TABLE = {
     ("linear", "chunked", "numba"): "linattn.numba_cpu.chunked",
     ("linear", "quadratic", "numba"): "linattn.numba_cpu.quadratic",  # blocks of A, no state
     ("linear", "quadratic", "cupy"): "linattn.forms.quadratic",       # NumPy's, on CuPy arrays
-    ("linear", "linear", "cupy"): "linattn.cuda.cumulative",          # v1: a thread per column
-    ("linear", "recurrent", "cupy"): "linattn.cuda.cumulative",
-    ("linear", "chunked", "cupy"): "linattn.cuda.chunked",            # v2: the chunked scan
+    # CUDA kernels are causal only: NumPy's forms on CuPy arrays run the rest
+    ("linear", "linear", "cupy"): ("linattn.cuda.cumulative",         # v1: a thread per column
+                                   "linattn.forms.cumulative"),
+    ("linear", "recurrent", "cupy"): ("linattn.cuda.cumulative", "linattn.forms.cumulative"),
+    ("linear", "chunked", "cupy"): ("linattn.cuda.chunked",           # v2: the chunked scan
+                                    "linattn.forms.chunked"),
     ("step", "auto", "numpy"): "linattn.forms.recurrent",
     ("step", "auto", "numba"): "linattn.numba_cpu.step",
     ("step", "auto", "cupy"): "linattn.cuda.step",
     ("softmax", "auto", "numpy"): "linattn.forms.softmax",           # the N x N oracle
     ("softmax", "auto", "numba"): "linattn.numba_cpu.softmax",
-    ("softmax", "auto", "cupy"): "linattn.cuda.softmax",
+    ("softmax", "auto", "cupy"): ("linattn.cuda.softmax", "linattn.forms.softmax"),
     ("lsh", "auto", "numpy"): "linattn.forms.lsh",                   # sort, gather, scatter
     ("lsh", "auto", "numba"): "linattn.numba_cpu.lsh",
 }
@@ -78,23 +98,10 @@ TABLE = {
 # the (family, backend) pairs the table has, for the check that runs on every call
 _BACKENDS_OF = frozenset((family, backend) for family, _, backend in TABLE)
 
-# Numba: "quadratic" (blocks of the N x N kernel matrix, O(N^2 (F + M))) while N is at most
-# about the crossover with "chunked" (blocks of positions carrying a state, O(N F M)), which
-# grows with the width D. Measured on a 2-core Xeon (Sapphire Rapids, AVX-512, SciPy's
-# OpenBLAS 0.3.31), float32, elu+1, 32 rows of D = M, forward + backward on one thread (CPU
-# time; the machine was shared): time of chunked / time of quadratic
-#   causal, N =     32   48   64   96  127  192  256
-#   D = M =  16   1.45 1.32 1.28 1.14 1.01 0.84 0.69
-#   D = M =  32   1.43 1.26 1.18 1.04 0.93 0.73 0.63
-#   D = M =  64   1.53 1.44 1.30 1.14 1.03 0.82 0.61
-#   D = M = 128   2.55 2.22 2.02 1.73 1.34 1.09 0.81
-#   non-causal, N = 16   32   48   64   96  127
-#   D = M =  16   1.05 1.02 0.79 0.74 0.57 0.44
-#   D = M =  32   1.24 1.03 0.83 0.75 0.59 0.57
-#   D = M =  64   1.60 1.30 1.06 0.95 0.87 0.58
-#   D = M = 128   2.68 2.27 1.89 1.62 1.29 0.95
-# so quadratic up to N = max(96, 1.5 D) causal and N = max(32, 0.75 D) without the mask,
-# whose N^2 products skip no half. (The paper's copy task, N = 127 and D = 32, runs chunked.)
+# Numba: "quadratic" (blocks of the N x N kernel matrix, O(N^2 (F + M))) up to a length that
+# grows with D, then "chunked" (blocks of positions carrying a state, O(N F M)); the bound is
+# lower without the causal mask, whose N^2 products then skip no half. Why these bounds: the
+# two forms' times over N and D as measured, in docs/performance.md.
 def _numba_linear(causal, shape):
     if shape is None:                     # the caller did not say: the form for long N
         return "chunked"
@@ -112,7 +119,18 @@ AUTO_METHOD = {
 }
 
 
-def kernel(family, method, backend, xp, causal=False, shape=None):
+OPTIONS = ("non_causal", "key_mask", "initial_state", "return_state")
+
+
+def needed(*, causal=True, **options):
+    """The ``SUPPORTS`` names a call needs: "non_causal" unless ``causal``, and each of
+    ``options`` (keyword = an option name of ``OPTIONS``) given a value other than None or
+    False. ``needed(causal=False, key_mask=mask)`` is {"non_causal", "key_mask"}."""
+    used = {name for name, value in options.items() if value is not None and value is not False}
+    return frozenset(used | ({"non_causal"} if not causal else set()))
+
+
+def kernel(family, method, backend, xp, causal=False, shape=None, needs=frozenset()):
     """(module, backend name) that computes ``family`` by ``method`` on ``backend``.
 
     Parameters
@@ -126,9 +144,13 @@ def kernel(family, method, backend, xp, causal=False, shape=None):
     causal : bool
     shape : tuple of int, optional
         The queries' (N, D). Only "auto" methods depend on these two.
+    needs : frozenset of str
+        The options the call uses (``needed``): only a module whose ``SUPPORTS``
+        holds them all is chosen.
 
-    Raises ValueError for unknown names or a method the backend lacks, TypeError for arrays
-    the backend cannot take, ImportError / RuntimeError when CuPy or a GPU is missing.
+    Raises ValueError for unknown names, a method the backend lacks or an option none of its
+    modules for the method has, TypeError for arrays the backend cannot take, ImportError /
+    RuntimeError when CuPy or a GPU is missing.
     """
     _checks.check_choice("method", method, METHODS[family])
     _checks.check_choice("backend", backend, BACKENDS)
@@ -136,12 +158,26 @@ def kernel(family, method, backend, xp, causal=False, shape=None):
         others = sorted(b for f, b in _BACKENDS_OF if f == family)
         raise ValueError(f"{family} attention has no {backend} kernel; use backend "
                          f"{' or '.join(repr(b) for b in others)}")
+    lacking = ()
     for name in _candidates(backend, xp):
         chosen = method
         if method == "auto":
             chosen = AUTO_METHOD.get((family, name), _only_auto)(causal, shape)
-        if (family, chosen, name) in TABLE:
-            return importlib.import_module(TABLE[family, chosen, name]), name
+        if (family, chosen, name) not in TABLE:
+            continue
+        entry = TABLE[family, chosen, name]
+        for module_name in (entry,) if isinstance(entry, str) else entry:
+            module = importlib.import_module(module_name)
+            lacking = sorted(set(needs) - module.SUPPORTS)
+            if not lacking:
+                return module, name
+        if backend != "auto":
+            raise ValueError(f"backend {backend!r} has no {family} kernel for method "
+                             f"{chosen!r} with {', '.join(lacking)}; use backend='numpy' "
+                             f"(or 'auto', which falls back to it) for {', '.join(lacking)}")
+    if lacking:                           # "auto": every candidate lacks an option
+        raise ValueError(f"no backend runs {family} attention by method {method!r} with "
+                         f"{', '.join(lacking)} on {xp.__name__} arrays")
     have = sorted(m for f, m, b in TABLE if f == family and b == backend)
     raise ValueError(f"method {method!r} has no {backend} kernel for {family} attention; "
                      f"{backend} runs {', '.join(have)}; use backend='numpy' for {method!r}")
@@ -186,5 +222,6 @@ def numba_imports():
 
 
 def fuses(module, feature_map):
-    """Whether ``module`` applies ``feature_map`` (an object) itself to raw q and k."""
+    """Whether ``module`` applies ``feature_map`` (an object) itself to raw q and k
+    (``FUSED_FEATURE_MAPS``)."""
     return type(feature_map) in module.FUSED_FEATURE_MAPS

@@ -23,7 +23,8 @@ def _options(causal, eps, chunk_size):
 
 
 def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
-                     method="auto", backend="auto", chunk_size=None):
+                     method="auto", backend="auto", chunk_size=None, key_mask=None,
+                     key_lengths=None, initial_state=None, return_state=False):
     """Linear attention, Eq. (5) (non-causal) or Eq. (9)-(12) (causal).
 
     out_i = phi(q_i)^T S_i / (phi(q_i)^T z_i + eps), S_i = sum_j phi(k_j) v_j^T and
@@ -56,61 +57,141 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
         Block length of ``method="chunked"`` (and of Numba's "auto"). None: each backend's
         measured best at D = M = 64, 16 for Numba (10% ahead of 32, see
         ``numba_cpu.chunked``) and 32 for NumPy (within 5% of 64).
+    key_mask : ndarray of bool, shape broadcasting to (..., Nk), optional
+        True for a real key, False for padding: a batch of sequences of different lengths in
+        one call. A padded key adds nothing to any sum (numerator and normaliser): phi(k_j)
+        and v_j are taken as 0 after the feature map, whatever they hold (NaN included), so
+        a causal state passes a padded position unchanged and a sequence padded on the left
+        or the right gets, at its real positions, what it gets alone. A query whose keys are
+        all padded gets 0 / (0 + eps) = 0. Causal or not, cross-attention included.
+    key_lengths : ndarray of int, shape broadcasting to the leading axes, optional
+        The number of real keys of each sequence, padded on the right: the same as
+        ``key_mask = arange(Nk) < key_lengths[..., None]``. Give one of the two.
+    initial_state : State, optional
+        (S0 (..., F, M), z0 (..., F)), the state after earlier positions, e.g. one that
+        ``return_state`` or ``Recurrence.state`` gave: every readout adds phi(q_i)^T S0 to its
+        numerator and phi(q_i)^T z0 to its normaliser, so a long sequence can be processed
+        in pieces. Causal only.
+    return_state : bool
+        Also return the state after the last position (padded keys not counted), to hand
+        to the next piece, ``linear_attention_step`` or ``Recurrence``. Causal only.
 
     Returns
     -------
     out : ndarray, shape (..., Nq, M), in the inputs' dtype (float16 is computed in float32).
+    state : State
+        Only with ``return_state``: S (..., F, M), z (..., F), in the compute dtype.
+
+    Key masks and states run on the NumPy forms (and on CuPy arrays through them): "auto"
+    picks a backend that has them, and ``backend="numba"`` with one is a ValueError.
 
     Cost: O(N F M) time and O(N (F + M)) memory for every method but "quadratic"
     (O(N^2 max(F, M)) time, O(N^2) memory); F is the feature map's width.
     """
     (q, k, v), out_dtype = _checks.check_qkv(q, k, v, causal=causal)
+    return_state = _checks.check_states(causal, initial_state, return_state)
+    mask = _checks.check_key_mask(key_mask, key_lengths, q.shape[:-2], k.shape[-2],
+                                  _checks.array_module(q))
+    needs = dispatch.needed(causal=causal, key_mask=mask, initial_state=initial_state,
+                            return_state=return_state)
+    kernel, x_q, x_k, kw = _prepare(q, k, v, causal, feature_map, eps, method, backend,
+                                    chunk_size, needs)
+    kw.update(_given(key_mask=mask, return_state=return_state,
+                     initial_state=_state("initial_state", initial_state, x_q, v)))
+    out = kernel.attend(x_q, x_k, v, **kw)
+    if return_state:
+        out, state = out
+        return out.astype(out_dtype, copy=False), state
+    return out.astype(out_dtype, copy=False)
+
+
+def _prepare(q, k, v, causal, feature_map, eps, method, backend, chunk_size, needs):
+    """(kernel, phi(q) or q, phi(k) or k, keywords): the kernel for the call, the features it
+    takes (the raw q and k when it fuses the map, with ``elu=True`` among the keywords)."""
     kw = _options(causal, eps, chunk_size)
     phi = get_feature_map(feature_map)
     kernel, _ = dispatch.kernel("linear", method, backend, _checks.array_module(q), causal,
-                                q.shape[-2:])
+                                q.shape[-2:], needs=needs)
     if dispatch.fuses(kernel, phi):
-        out = kernel.attend(q, k, v, elu=True, **kw)
-    else:
-        out = kernel.attend(phi.forward(q), phi.forward(k), v, **kw)
-    return out.astype(out_dtype, copy=False)
+        return kernel, q, k, dict(kw, elu=True)
+    return kernel, phi.forward(q), phi.forward(k), kw
+
+
+def _given(**options):
+    """The options given a value (not None, not False): only these reach the kernel, by
+    keyword, so that a kernel is never passed an option it does not declare."""
+    return {name: value for name, value in options.items()
+            if value is not None and value is not False}
+
+
+def _state(name, state, x_q, v):
+    """``state`` checked against S (..., F, M), z (..., F) for features ``x_q`` (..., N, F) and
+    values v (..., N, M), as a State in their dtype; None stays None."""
+    xp = _checks.array_module(v)
+    f = x_q.shape[-1]                     # a fused map (elu+1) keeps the width: F = D
+    checked = _checks.check_state(state, (*v.shape[:-2], f, v.shape[-1]), v.dtype, xp,
+                                  name=name)
+    return None if checked is None else State(*checked)
 
 
 def linear_attention_backward(dout, q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
                               method="auto", backend="auto",
-                              chunk_size=None):
-    """Gradients of ``linear_attention`` with respect to q, k and v, Eq. (13)-(15).
+                              chunk_size=None, key_mask=None, key_lengths=None,
+                              initial_state=None, dstate=None):
+    """Gradients of ``linear_attention`` with respect to q, k and v, Eq. (13)-(15), and to
+    the initial state when one is given.
 
     The kernel returns the gradients with respect to the features and v (Eq. 13-15,
     extended to the normaliser); the feature map's vector-Jacobian product carries them back
     to q and k. Causal methods other than "quadratic" recompute the running state instead
     of storing it (section 3.3.1): O(N (F + M)) memory.
 
+    With a state handed over, out_i reads S0 + S_i and z0 + z_i, and the final state is
+    (S0 + S_N, z0 + z_N), so dS0 = sum_i phi(q_i) dnum_i^T + dS and dz0 = sum_i phi(q_i)
+    dden_i + dz, with dnum_i = dout_i / den_i, dden_i = -dout_i . out_i / den_i and (dS, dz)
+    = ``dstate``. Pieces of one sequence, processed in order forward and in reverse order
+    backward, each handing its dS0 to the previous piece as ``dstate``, give the gradients
+    of one pass exactly.
+
     Parameters
     ----------
     dout : ndarray, shape (..., Nq, M)
         Gradient of the loss with respect to the output.
     q, k, v and keywords
-        As given to ``linear_attention``.
+        As given to ``linear_attention`` (``return_state`` aside).
+    dstate : State, optional
+        (dS (..., F, M), dz (..., F)): the gradient of the loss with respect to the final
+        state that ``return_state`` returned; None when the loss does not use it. Causal only.
 
     Returns
     -------
     dq : ndarray, shape (..., Nq, D)
     dk : ndarray, shape (..., Nk, D)
+        Exactly 0 at padded keys.
     dv : ndarray, shape (..., Nk, M)
+        Exactly 0 at padded keys.
+    dinitial_state : State
+        Only when ``initial_state`` is given: (dS0 (..., F, M), dz0 (..., F)), in the compute
+        dtype.
     """
     (q, k, v, dout), out_dtype = _checks.check_qkv(q, k, v, dout, causal=causal)
-    kw = _options(causal, eps, chunk_size)
-    phi = get_feature_map(feature_map)
-    kernel, _ = dispatch.kernel("linear", method, backend, _checks.array_module(q), causal,
-                                q.shape[-2:])
-    if dispatch.fuses(kernel, phi):
-        grads = kernel.attend_backward(dout, q, k, v, elu=True, **kw)
-    else:
-        dphi_q, dphi_k, dv = kernel.attend_backward(dout, phi.forward(q), phi.forward(k), v,
-                                                    **kw)
-        grads = phi.vjp(q, dphi_q), phi.vjp(k, dphi_k), dv
-    return tuple(g.astype(out_dtype, copy=False) for g in grads)
+    _checks.check_states(causal, initial_state, dstate is not None)
+    xp = _checks.array_module(q)
+    mask = _checks.check_key_mask(key_mask, key_lengths, q.shape[:-2], k.shape[-2], xp)
+    needs = dispatch.needed(causal=causal, key_mask=mask, initial_state=initial_state,
+                            return_state=dstate)
+    kernel, x_q, x_k, kw = _prepare(q, k, v, causal, feature_map, eps, method, backend,
+                                    chunk_size, needs)
+    kw.update(_given(key_mask=mask, initial_state=_state("initial_state", initial_state, x_q, v),
+                     dstate=_state("dstate", dstate, x_q, v)))
+    grads = kernel.attend_backward(dout, x_q, x_k, v, **kw)
+    dq, dk, dv = grads[:3]
+    if "elu" not in kw:                   # gradients of the features: back through phi
+        phi = get_feature_map(feature_map)
+        dq, dk = phi.vjp(q, dq), phi.vjp(k, dk)
+    if mask is not None:                  # exactly 0 even where padding holds inf or NaN
+        dk = xp.where(mask[..., None], dk, dk.dtype.type(0))
+    return (*(g.astype(out_dtype, copy=False) for g in (dq, dk, dv)), *grads[3:])
 
 
 def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps=1e-6,
@@ -170,5 +251,5 @@ def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps
                                      **elu)
         return out.astype(out_dtype, copy=False), state
     state = zero_state(lead, f, m, q_t.dtype, xp) if state is None else State(*state)
-    out, state = kernel.step(phi_q, phi_k, v_t, state, eps, **elu)
+    out, state = kernel.step(phi_q, phi_k, v_t, state, eps=eps, **elu)
     return out.astype(out_dtype, copy=False), state

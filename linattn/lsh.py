@@ -54,7 +54,7 @@ def lsh_attention(qk, v, *, n_hashes=1, chunk_size=32, n_buckets=None, causal=Fa
     options = dict(n_hashes=n_hashes, chunk_size=chunk_size, n_buckets=n_buckets,
                    causal=causal, seed=seed)
     (qk, v), out_dtype = check_lsh(qk, v, **options)
-    kernel, _ = dispatch.kernel("lsh", "auto", backend, np)
+    kernel, _ = dispatch.kernel("lsh", "auto", backend, np, needs=dispatch.needed(causal=causal))
     return kernel.attend(qk, v, **options).astype(out_dtype, copy=False)
 
 
@@ -84,7 +84,7 @@ def lsh_attention_backward(dout, qk, v, *, n_hashes=1, chunk_size=32, n_buckets=
     options = dict(n_hashes=n_hashes, chunk_size=chunk_size, n_buckets=n_buckets,
                    causal=causal, seed=seed)
     (qk, v, dout), out_dtype = check_lsh(qk, v, dout, **options)
-    kernel, _ = dispatch.kernel("lsh", "auto", backend, np)
+    kernel, _ = dispatch.kernel("lsh", "auto", backend, np, needs=dispatch.needed(causal=causal))
     return tuple(g.astype(out_dtype, copy=False) for g in kernel.attend_backward(dout, qk, v, **options))
 
 

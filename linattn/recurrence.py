@@ -43,6 +43,10 @@ class Recurrence:
         exact sums stays at a few units of the dtype's rounding however many steps are
         taken, where a plain float32 sum drifts like u sqrt(N). Notebook 09 measures it
         against float64, and what it costs.
+    initial_state : State or CompensatedState, optional
+        The state to start from instead of zeros, copied: e.g. what
+        ``linear_attention(..., causal=True, return_state=True)`` returned for a prompt, so
+        that generation continues it (a CompensatedState when ``compensated``).
 
     Attributes
     ----------
@@ -71,7 +75,7 @@ class Recurrence:
     """
 
     def __init__(self, lead_shape, d, m, *, feature_map="elu+1", eps=1e-6, dtype="float32",
-                 backend="auto", compensated=False):
+                 backend="auto", compensated=False, initial_state=None):
         lead, d, m, dtype = _checks.check_recurrence(lead_shape, d, m, dtype)
         eps = _checks.check_eps(eps)
         self.compensated = _checks.check_flag("compensated", compensated)
@@ -86,6 +90,10 @@ class Recurrence:
         self._xp, self._eps = xp, dtype.type(eps)         # eps in the state's dtype
         self._qk_shape, self._v_shape = (*lead, d), (*lead, m)
         self._state = zero_state(lead, f, m, dtype, xp, self.compensated)
+        start = _checks.check_state(initial_state, (*lead, f, m), dtype, xp, self.compensated,
+                                    name="initial_state")
+        for a, given in zip(self._state, start or ()):
+            a[...] = given                       # a copy: the Recurrence owns its state
 
     def step(self, q_t, k_t, v_t):
         """One token: update the state in place, Eq. (18)-(19), and read it out, Eq. (20).

@@ -9,7 +9,8 @@ matrix) or ``cuda.softmax``.
 from . import _checks, dispatch
 
 
-def softmax_attention(q, k, v, *, causal=False, scale=None, backend="auto"):
+def softmax_attention(q, k, v, *, causal=False, scale=None, backend="auto",
+                      key_mask=None, key_lengths=None):
     """Softmax attention, the O(N^2) baseline, Eq. (2).
 
     out = softmax(scale * q k^T) v row by row, scale = 1/sqrt(D) by default;
@@ -27,6 +28,13 @@ def softmax_attention(q, k, v, *, causal=False, scale=None, backend="auto"):
     backend : {"auto", "numpy", "numba", "cupy"}
         "cupy" (and "auto" with CuPy arrays) runs ``linattn.cuda.softmax``; "numba" (and
         "auto" when numba imports) never builds the Nq x Nk matrix; "numpy" builds it.
+    key_mask : ndarray of bool, shape broadcasting to (..., Nk), optional
+        True for a real key. A padded key gets probability 0 in every row, whatever it
+        holds; a query whose keys are all padded gets 0 (not NaN), and its gradients are 0.
+        Runs on the NumPy form (on CuPy arrays through it); ``backend="numba"`` with a mask
+        is a ValueError.
+    key_lengths : ndarray of int, shape broadcasting to the leading axes, optional
+        The number of real keys of each sequence, padded on the right; instead of key_mask.
 
     Returns
     -------
@@ -38,12 +46,18 @@ def softmax_attention(q, k, v, *, causal=False, scale=None, backend="auto"):
     (q, k, v), out_dtype = _checks.check_qkv(q, k, v, causal=causal)
     _checks.check_keys(q, k)
     scale = _checks.check_scale(scale, q.shape[-1])
-    kernel, _ = dispatch.kernel("softmax", "auto", backend, _checks.array_module(q))
-    out = kernel.attend(q, k, v, causal=causal, scale=scale)
+    mask = _checks.check_key_mask(key_mask, key_lengths, q.shape[:-2], k.shape[-2],
+                                  _checks.array_module(q))
+    kernel, _ = dispatch.kernel("softmax", "auto", backend, _checks.array_module(q),
+                                needs=dispatch.needed(causal=causal, key_mask=mask))
+    kw = dict(causal=causal, scale=scale) if mask is None else dict(causal=causal, scale=scale,
+                                                                    key_mask=mask)
+    out = kernel.attend(q, k, v, **kw)
     return out.astype(out_dtype, copy=False)
 
 
-def softmax_attention_backward(dout, q, k, v, *, causal=False, scale=None, backend="auto"):
+def softmax_attention_backward(dout, q, k, v, *, causal=False, scale=None, backend="auto",
+                               key_mask=None, key_lengths=None):
     """Gradients of softmax attention: the backward of Eq. (2).
 
     With P = softmax(L), L = scale * q k^T and out = P v:
@@ -54,8 +68,8 @@ def softmax_attention_backward(dout, q, k, v, *, causal=False, scale=None, backe
     ----------
     dout : ndarray, shape (..., Nq, M)
         Gradient of the loss with respect to ``out``.
-    q, k, v, causal, scale, backend
-        As given to ``softmax_attention``.
+    q, k, v, causal, scale, backend, key_mask, key_lengths
+        As given to ``softmax_attention``. dk and dv are exactly 0 at padded keys.
 
     Returns
     -------
@@ -68,6 +82,11 @@ def softmax_attention_backward(dout, q, k, v, *, causal=False, scale=None, backe
     (q, k, v, dout), out_dtype = _checks.check_qkv(q, k, v, dout, causal=causal)
     _checks.check_keys(q, k)
     scale = _checks.check_scale(scale, q.shape[-1])
-    kernel, _ = dispatch.kernel("softmax", "auto", backend, _checks.array_module(q))
-    grads = kernel.attend_backward(dout, q, k, v, causal=causal, scale=scale)
+    mask = _checks.check_key_mask(key_mask, key_lengths, q.shape[:-2], k.shape[-2],
+                                  _checks.array_module(q))
+    kernel, _ = dispatch.kernel("softmax", "auto", backend, _checks.array_module(q),
+                                needs=dispatch.needed(causal=causal, key_mask=mask))
+    kw = dict(causal=causal, scale=scale) if mask is None else dict(causal=causal, scale=scale,
+                                                                    key_mask=mask)
+    grads = kernel.attend_backward(dout, q, k, v, **kw)
     return tuple(g.astype(out_dtype, copy=False) for g in grads)

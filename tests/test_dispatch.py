@@ -1,14 +1,26 @@
 """The one dispatch table: every public function reaches its kernel through
-``linattn.dispatch.kernel``, "auto" is resolved there, and bad names are clear errors."""
+``linattn.dispatch.kernel``, "auto" is resolved there, each backend module declares the
+options it supports, and bad names are clear errors."""
 import importlib
 import pathlib
-import re
+import types
 
 import numpy as np
 import pytest
 
 import linattn
 from linattn import dispatch
+from linattn.forms import chunked as numpy_chunked, recurrent as numpy_recurrent
+
+from test_layout import BACKEND_ALLOWED, imports_of
+
+# stands in for the cupy module: "auto" on CuPy arrays asks for nothing else of it
+FAKE_CUPY = types.SimpleNamespace(__name__="cupy")
+
+
+def modules_of(entry):
+    """The module names of a table entry: one name, or a tuple tried in order."""
+    return (entry,) if isinstance(entry, str) else entry
 
 
 def test_every_table_entry_is_a_module_with_its_familys_functions():
@@ -17,11 +29,78 @@ def test_every_table_entry_is_a_module_with_its_familys_functions():
                           "FUSED_FEATURE_MAPS"),
                  "softmax": ("attend", "attend_backward"),
                  "lsh": ("attend", "attend_backward")}
-    for (family, method, backend), name in dispatch.TABLE.items():
-        module = importlib.import_module(name)      # CUDA modules import CuPy lazily
+    for (family, method, backend), entry in dispatch.TABLE.items():
         assert method in dispatch.METHODS[family]
-        for attribute in functions[family]:
-            assert hasattr(module, attribute), (name, attribute)
+        for name in modules_of(entry):
+            module = importlib.import_module(name)      # CUDA modules import CuPy lazily
+            for attribute in functions[family]:
+                assert hasattr(module, attribute), (name, attribute)
+
+
+def test_every_module_declares_the_options_it_supports():
+    names = {name for entry in dispatch.TABLE.values() for name in modules_of(entry)}
+    for name in sorted(names):
+        supports = importlib.import_module(name).SUPPORTS
+        assert isinstance(supports, frozenset), name
+        assert supports <= set(dispatch.OPTIONS), (name, supports - set(dispatch.OPTIONS))
+    # the step family has no options; every NumPy form runs non-causal attention
+    assert importlib.import_module("linattn.forms.recurrent").SUPPORTS >= {"non_causal"}
+    assert all(importlib.import_module(m).SUPPORTS == frozenset()
+               for m in ("linattn.numba_cpu.step", "linattn.cuda.step"))
+
+
+def test_each_module_of_a_chain_takes_more_than_the_one_before():
+    """A module later in a tuple entry runs only calls that those before it cannot: it must
+    support strictly more options, or it is never reached."""
+    for entry in dispatch.TABLE.values():
+        if isinstance(entry, tuple):
+            supports = [importlib.import_module(m).SUPPORTS for m in entry]
+            assert all(a < b for a, b in zip(supports, supports[1:])), entry
+
+
+@pytest.mark.parametrize("option, value", [("key_mask", np.ones(3, bool)), ("key_mask", None),
+                                           ("initial_state", None), ("return_state", True),
+                                           ("return_state", False)])
+def test_needed_names_the_options_given(option, value):
+    want = {"non_causal"} | ({option} if value is not None and value is not False else set())
+    assert dispatch.needed(causal=False, **{option: value}) == want
+    assert dispatch.needed(causal=True) == frozenset()
+
+
+def test_auto_skips_a_module_without_an_option_and_a_named_backend_says_which(monkeypatch):
+    # Numba's blocks do not declare the key mask, NumPy's do; take it from NumPy's scan
+    assert "key_mask" in numpy_chunked.SUPPORTS
+    monkeypatch.setattr(numpy_recurrent, "SUPPORTS", frozenset({"non_causal"}))
+    needs = dispatch.needed(causal=True, key_mask=True)
+    module, backend = dispatch.kernel("linear", "chunked", "auto", np, True, needs=needs)
+    assert (module.__name__, backend) == ("linattn.forms.chunked", "numpy")
+    module, backend = dispatch.kernel("linear", "auto", "auto", np, True, (200, 8), needs)
+    assert (module.__name__, backend) == ("linattn.forms.chunked", "numpy")
+    with pytest.raises(ValueError, match="'numba'.*'chunked'.*key_mask"):
+        dispatch.kernel("linear", "chunked", "numba", np, True, needs=needs)
+    with pytest.raises(ValueError, match="'recurrent' with key_mask"):
+        dispatch.kernel("linear", "recurrent", "auto", np, True, needs=needs)
+
+
+@pytest.mark.parametrize("method, causal, want", [
+    ("linear", True, "linattn.cuda.cumulative"), ("linear", False, "linattn.forms.cumulative"),
+    ("recurrent", False, "linattn.forms.cumulative"), ("chunked", True, "linattn.cuda.chunked"),
+    ("chunked", False, "linattn.forms.chunked"), ("auto", False, "linattn.forms.cumulative"),
+    ("auto", True, "linattn.cuda.chunked")])
+def test_non_causal_cupy_calls_take_the_tables_route_to_numpys_forms(method, causal, want):
+    needs = dispatch.needed(causal=causal)
+    module, backend = dispatch.kernel("linear", method, "auto", FAKE_CUPY, causal, needs=needs)
+    assert (module.__name__, backend) == (want, "cupy")
+
+
+@pytest.mark.parametrize("name", ["linattn.cuda.cumulative", "linattn.cuda.chunked"])
+def test_a_causal_only_kernel_refuses_a_non_causal_call(name):
+    """What a module does not declare it does not do silently: no reroute inside."""
+    module = importlib.import_module(name)
+    assert "non_causal" not in module.SUPPORTS
+    x = np.ones((1, 2, 2))
+    with pytest.raises(ValueError, match="causal only"):
+        module.attend_backward(x, x, x, x, causal=False, eps=1e-6)
 
 
 @pytest.mark.parametrize("causal, want", [(True, "linattn.numba_cpu.chunked"),
@@ -99,15 +178,24 @@ def test_cupy_without_cupy_says_so():
 
 
 def test_numba_is_resolved_nowhere_else():
-    """No module but dispatch picks a backend: the old resolvers are gone, and no public
-    module imports a backend package directly."""
+    """No module of the package, at any depth, picks a backend but dispatch: none reads the
+    table, the "auto" rule or the declarations, and none outside the backends, the lab and the
+    allow-list of tests/test_layout.py imports a backend."""
     root = pathlib.Path(linattn.__file__).parent
-    for path in root.glob("*.py"):
-        text = path.read_text()
-        if path.name == "dispatch.py":
+    paths = sorted(root.rglob("*.py"))
+    assert root / "model" / "fast" / "decode.py" in paths          # the walk goes down
+    for path in paths:
+        name = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+        name = name.removesuffix(".__init__")
+        if name == "linattn.dispatch" or name.startswith(("linattn.numba_cpu", "linattn.cuda")):
             continue
-        assert "resolve_backend" not in text and "wants_cupy" not in text, path.name
-        assert not re.search(r"from \.(numba_cpu|cuda)\b", text), path.name
+        text = path.read_text()
+        for word in ("resolve_backend", "wants_cupy", "TABLE[", "AUTO_METHOD", "_candidates",
+                     ".SUPPORTS", ".FUSED_FEATURE_MAPS"):
+            assert word not in text, (name, word)
+        if name not in BACKEND_ALLOWED and not name.startswith("linattn.lab"):  # it measures them
+            assert not any(m.startswith(("linattn.numba_cpu", "linattn.cuda", "numba", "cupy"))
+                           for m in imports_of(path)), name
 
 
 def test_auto_is_numpy_when_numba_does_not_import(monkeypatch):

@@ -13,18 +13,18 @@ three steps, each parallel over chunks, heads and 64-wide tiles of F or M:
 The backward recomputes the states (section 3.3.1), runs the same two steps backwards in time
 for G_c = sum over later chunks of Q^T dnum, and then ``chunk_backward_qk`` and
 ``chunk_backward_v``. Memory: O(N F M / 64) for the chunk states, never a state per position.
-The non-causal case is two CuPy matrix products (``linattn.forms.cumulative``).
+Causal only: the dispatch table sends non-causal calls to NumPy's forms on CuPy arrays.
 Oracle: the NumPy backend (``linattn.forms.chunked`` computes the same blocks).
 """
 import math
 
 import numpy as np
 
-from ..forms import cumulative as numpy_cumulative
 from .._checks import rows
 from . import launch
 
 FUSED_FEATURE_MAPS = ()  # every feature map is applied before the kernel
+SUPPORTS = frozenset()  # causal only: dispatch sends the rest to NumPy's forms
 
 
 def _states(x, y, w, reverse):
@@ -78,8 +78,7 @@ def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=None):
     Cost: O(N (64 (F + M) + F M)) time, O(N (F + M) + N F M / 64) memory. ``chunk_size`` is
     ignored: the chunk is the kernels' tile, 64 positions.
     """
-    if not causal:
-        return numpy_cumulative.attend(phi_q, phi_k, v, causal=False, eps=eps)
+    launch.require_causal(causal)
     if v.size == 0:                                          # N = 0, M = 0 or no heads
         return v.copy()
     out, _, _, _ = _forward(*(rows(x) for x in (phi_q, phi_k, v)), eps)
@@ -93,8 +92,7 @@ def attend_backward(dout, phi_q, phi_k, v, *, causal, eps, chunk_size=None):
     numerator and the normaliser; the kernels carry both back through the chunked scan.
     Cost: about three times ``attend``.
     """
-    if not causal:
-        return numpy_cumulative.attend_backward(dout, phi_q, phi_k, v, causal=False, eps=eps)
+    launch.require_causal(causal)
     xp = launch.array_module(v)
     if v.size == 0:
         return xp.zeros_like(phi_q), xp.zeros_like(phi_k), v.copy()

@@ -4,15 +4,16 @@ backward of section 3.3.1, Eq. (13)-(15), as three more such scans. Katharopoulo
 arXiv:2006.16236. This is ``method="linear"`` (and ``"recurrent"``) with ``backend="cupy"``.
 
 Simple and obviously correct, and slow: only H x M threads, each O(N F) sequential work. The
-normaliser is the extra value column of ones of ``linattn.forms.normaliser``; the non-causal
-case is two CuPy matrix products (``linattn.forms.cumulative``). Oracle: the NumPy backend.
+normaliser is the extra value column of ones of ``linattn.forms.normaliser``. Causal only: the
+dispatch table sends non-causal calls to ``linattn.forms.cumulative`` (two CuPy matrix
+products). Oracle: the NumPy backend.
 """
-from ..forms import cumulative as numpy_cumulative
 from ..forms.normaliser import normalised, normalised_backward
 from .._checks import rows
 from . import launch
 
 FUSED_FEATURE_MAPS = ()  # every feature map is applied before the kernel
+SUPPORTS = frozenset()  # causal only: dispatch sends the rest to NumPy's forms
 
 
 def _scan(a, b, c, reverse):
@@ -37,8 +38,7 @@ def product(phi_q, phi_k, v, causal):
 
     Shapes: phi_q, phi_k (..., N, F); v (..., N, M) -> out (..., N, M).
     """
-    if not causal:
-        return numpy_cumulative.product(phi_q, phi_k, v, causal=False)
+    launch.require_causal(causal)
     return _scan(v, phi_k, phi_q, reverse=False)
 
 
@@ -48,8 +48,7 @@ def product_backward(dout, phi_q, phi_k, v, causal):
     dphi_q_i = S_i dout_i (forward in time); with G_i = sum_{j >= i} phi_q_j dout_j^T
     (backward in time): dphi_k_i = G_i v_i, dv_i = G_i^T phi_k_i. No state is stored.
     """
-    if not causal:
-        return numpy_cumulative.product_backward(dout, phi_q, phi_k, v, causal=False)
+    launch.require_causal(causal)
     dphi_q = _scan(phi_k, v, dout, reverse=False)            # S_i dout_i
     dphi_k = _scan(phi_q, dout, v, reverse=True)             # G_i v_i
     dv = _scan(dout, phi_q, phi_k, reverse=True)             # G_i^T phi_k_i

@@ -35,6 +35,14 @@ def require_cupy():
     return cupy
 
 
+def require_causal(causal):
+    """A ValueError unless ``causal``: the scans are causal; the dispatch table routes
+    non-causal calls to NumPy's forms, which run on CuPy arrays."""
+    if not causal:
+        raise ValueError("the CUDA scans are causal only; call linattn.linear_attention, "
+                         "whose dispatch table runs non-causal attention on NumPy's forms")
+
+
 def options(dtype):
     """The compiler options of every source for ``dtype`` (float32 or float64)."""
     return ("-std=c++17", f"-DLINATTN_REAL={_REAL[np.dtype(dtype)]}")

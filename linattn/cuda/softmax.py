@@ -5,6 +5,7 @@ products; the row-wise stable softmax and its backward are kernels (softmax.cu).
 """
 from . import launch
 
+SUPPORTS = frozenset({"non_causal"})  # options taken by keyword (dispatch)
 
 
 def _probabilities(q, k, causal, scale):

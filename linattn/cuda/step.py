@@ -11,6 +11,7 @@ from ..forms.recurrent import State
 from . import launch
 
 FUSED_FEATURE_MAPS = ()  # every feature map is applied before the kernel
+SUPPORTS = frozenset()  # the step family has no options
 
 
 def _flat(phi_q, phi_k, v):

@@ -14,6 +14,7 @@ from .normaliser import normalised, normalised_backward
 from .quadratic import masked
 
 FUSED_FEATURE_MAPS = ()  # every feature map is applied before the kernel
+SUPPORTS = frozenset({"non_causal", "key_mask", "initial_state", "return_state"})  # dispatch
 
 DEFAULT_CHUNK_SIZE = 32  # see linear_attention's chunk_size
 
@@ -82,15 +83,21 @@ def product_backward(dout, phi_q, phi_k, v, causal, chunk_size):
     return _unblocks(dq, n_q), _unblocks(dk, n_k), _unblocks(dv, n_k)
 
 
-def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=DEFAULT_CHUNK_SIZE):
-    """Normalised linear attention, Eq. (5) / (9), in blocks of ``chunk_size`` positions.
+def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=DEFAULT_CHUNK_SIZE, key_mask=None,
+           initial_state=None, return_state=False):
+    """Normalised linear attention, Eq. (5) / (9), in blocks of ``chunk_size`` positions; the
+    key mask and states as in ``padding`` (with the state: ``(out, State)``).
 
     Shapes (..., Nq, F), (..., Nk, F), (..., Nk, M) -> (..., Nq, M). Cost: O(N C (F + M) + N F M) time.
     """
-    return normalised(product, phi_q, phi_k, v, eps, causal=causal, chunk_size=chunk_size)
+    return normalised(product, phi_q, phi_k, v, eps, causal=causal, chunk_size=chunk_size,
+                      key_mask=key_mask, initial_state=initial_state, return_state=return_state)
 
 
-def attend_backward(dout, phi_q, phi_k, v, *, causal, eps, chunk_size=DEFAULT_CHUNK_SIZE):
-    """Backward of ``attend``: (dphi_q, dphi_k, dv)."""
+def attend_backward(dout, phi_q, phi_k, v, *, causal, eps, chunk_size=DEFAULT_CHUNK_SIZE,
+                    key_mask=None, initial_state=None, dstate=None):
+    """Backward of ``attend``: (dphi_q, dphi_k, dv), and the initial state's gradient when
+    one is given."""
     return normalised_backward(product, product_backward, dout, phi_q, phi_k, v, eps,
-                               causal=causal, chunk_size=chunk_size)
+                               causal=causal, chunk_size=chunk_size, key_mask=key_mask,
+                               initial_state=initial_state, dstate=dstate)

@@ -9,6 +9,7 @@ from .._checks import array_module
 from .normaliser import normalised, normalised_backward
 
 FUSED_FEATURE_MAPS = ()  # every feature map is applied before the kernel
+SUPPORTS = frozenset({"non_causal", "key_mask", "initial_state", "return_state"})  # dispatch
 
 
 def product(phi_q, phi_k, v, causal):
@@ -56,13 +57,19 @@ def product_backward(dout, phi_q, phi_k, v, causal):
     return dphi_q, dphi_k, dv
 
 
-def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=None):
+def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=None, key_mask=None,
+           initial_state=None, return_state=False):
     """Normalised linear attention, Eq. (5) / (9). Shapes (..., N, F), (..., N, M) -> (..., N, M).
-    ``chunk_size`` is ignored."""
-    return normalised(product, phi_q, phi_k, v, eps, causal=causal)
+    ``chunk_size`` is ignored; the key mask and states as in ``padding`` (with the state:
+    ``(out, State)``)."""
+    return normalised(product, phi_q, phi_k, v, eps, causal=causal, key_mask=key_mask,
+                      initial_state=initial_state, return_state=return_state)
 
 
-def attend_backward(dout, phi_q, phi_k, v, *, causal, eps, chunk_size=None):
-    """Backward of ``attend``: (dphi_q, dphi_k, dv), Eq. (13)-(15) plus the normaliser."""
+def attend_backward(dout, phi_q, phi_k, v, *, causal, eps, chunk_size=None, key_mask=None,
+                    initial_state=None, dstate=None):
+    """Backward of ``attend``: (dphi_q, dphi_k, dv), Eq. (13)-(15) plus the normaliser, and
+    the initial state's gradient when one is given."""
     return normalised_backward(product, product_backward, dout, phi_q, phi_k, v, eps,
-                               causal=causal)
+                               causal=causal, key_mask=key_mask, initial_state=initial_state,
+                               dstate=dstate)

@@ -34,6 +34,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+SUPPORTS = frozenset({"non_causal"})  # options taken by keyword (dispatch)
+
 
 class Hashing(NamedTuple):
     """Where every position lands, round by round.

@@ -14,8 +14,10 @@ Oracle: ``quadratic``; this module is in turn the oracle of the Numba and CUDA s
 from typing import NamedTuple
 
 from .._checks import array_module
+from .padding import drop_padded, zero_padded
 
 FUSED_FEATURE_MAPS = ()  # every feature map is applied before the kernel
+SUPPORTS = frozenset({"non_causal", "key_mask", "initial_state", "return_state"})  # dispatch
 
 
 class State(NamedTuple):
@@ -142,20 +144,29 @@ def _initial(phi_k, v):
     return zero_state(v.shape[:-2], phi_k.shape[-1], v.shape[-1], v.dtype, xp)
 
 
-def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=None):
+def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=None, key_mask=None,
+           initial_state=None, return_state=False):
     """Scan ``step`` over positions (causal), or accumulate the whole state, then read every
     query out (non-causal). Shapes (..., N, F), (..., N, M) -> (..., N, M). O(N F M) time,
-    O(F M) memory beyond the output. ``chunk_size`` is ignored."""
+    O(F M) memory beyond the output. ``chunk_size`` is ignored.
+
+    A padded key (``key_mask`` False) leaves the state as it was; the scan starts from
+    ``initial_state`` (zero when None) and, with ``return_state``, returns ``(out, State)``
+    with the state after the last position.
+    """
     xp = array_module(v)
-    state = _initial(phi_k, v)
+    phi_k, v = drop_padded(phi_k, v, key_mask)
+    state = _initial(phi_k, v) if initial_state is None else State(*initial_state)
     if not causal:
         for i in range(v.shape[-2]):
             state = update(state, phi_k[..., i, :], v[..., i, :])
-        return readout(phi_q, state, eps)
-    out = xp.empty(v.shape, dtype=v.dtype)
-    for i in range(v.shape[-2]):
-        out[..., i, :], state = step(phi_q[..., i, :], phi_k[..., i, :], v[..., i, :], state, eps)
-    return out
+        out = readout(phi_q, state, eps)
+    else:
+        out = xp.empty((*phi_q.shape[:-1], v.shape[-1]), dtype=v.dtype)
+        for i in range(v.shape[-2]):
+            out[..., i, :], state = step(phi_q[..., i, :], phi_k[..., i, :], v[..., i, :],
+                                         state, eps)
+    return (out, state) if return_state else out
 
 
 def _readout_backward(dout, phi_q, state, eps):
@@ -171,37 +182,47 @@ def _readout_backward(dout, phi_q, state, eps):
     return dphi_q, dnum, dden
 
 
-def attend_backward(dout, phi_q, phi_k, v, *, causal, eps, chunk_size=None):
-    """Backpropagation through the scan, in O(F M) memory: (dphi_q, dphi_k, dv).
+def attend_backward(dout, phi_q, phi_k, v, *, causal, eps, chunk_size=None, key_mask=None,
+                    initial_state=None, dstate=None):
+    """Backpropagation through the scan, in O(F M) memory: (dphi_q, dphi_k, dv), and
+    State(dS0, dz0) when ``initial_state`` is given.
 
-    Forward in time, the state (S_i, z_i) gives each query's gradient (Eq. 13 with the
-    normaliser, see ``_readout_backward``). Backward in time, the adjoint state
-    dS_i = sum_{j >= i} phi_q_j dnum_j^T, dz_i = sum_{j >= i} phi_q_j dden_j gives the keys'
-    and values' gradients: dphi_k_i = dS_i v_i + dz_i, dv_i = dS_i^T phi_k_i (Eq. 14-15).
-    Non-causal, every readout sees the final state and every key every query: the sums run
-    over all positions at once.
+    Forward in time, the state (S_i, z_i), from (S0, z0), gives each query's gradient (Eq. 13
+    with the normaliser, see ``_readout_backward``). Backward in time, the adjoint state
+    dS_i = dS + sum_{j >= i} phi_q_j dnum_j^T, dz_i = dz + sum_{j >= i} phi_q_j dden_j, which
+    starts from the final state's gradient ``dstate`` = (dS, dz) (zero when None), gives the
+    keys' and values' gradients: dphi_k_i = dS_i v_i + dz_i, dv_i = dS_i^T phi_k_i (Eq.
+    14-15); after position 1 it is the initial state's gradient. Non-causal, every readout
+    sees the final state and every key every query: the sums run over all positions at once.
+    Padded keys' and values' gradients are 0.
     """
     xp = array_module(v)
     n = v.shape[-2]
-    state = _initial(phi_k, v)
+    phi_k, v = drop_padded(phi_k, v, key_mask)
+    start = _initial(phi_k, v) if initial_state is None else State(*initial_state)
+    state = start
     if not causal:
         for i in range(n):
             state = update(state, phi_k[..., i, :], v[..., i, :])
         dphi_q, dnum, dden = _readout_backward(dout, phi_q, state, eps)
         ds = phi_q.swapaxes(-1, -2) @ dnum                           # (..., F, M)
         dz = (phi_q * dden).sum(axis=-2)                             # (..., F)
-        return dphi_q, v @ ds.swapaxes(-1, -2) + dz[..., None, :], phi_k @ ds
+        grads = zero_padded(key_mask, v @ ds.swapaxes(-1, -2) + dz[..., None, :], phi_k @ ds)
+        return (dphi_q, *grads)
     dphi_q, dnum = xp.empty_like(phi_q), xp.empty_like(v)
     dden = xp.empty((*v.shape[:-1], 1), dtype=v.dtype)
     for i in range(n):                                               # forward in time
         state = update(state, phi_k[..., i, :], v[..., i, :])
         grads = _readout_backward(dout[..., i:i + 1, :], phi_q[..., i:i + 1, :], state, eps)
         dphi_q[..., i:i + 1, :], dnum[..., i:i + 1, :], dden[..., i:i + 1, :] = grads
-    adjoint = _initial(phi_k, v)
+    adjoint = _initial(phi_k, v) if dstate is None else State(*dstate)
     dphi_k, dv = xp.empty_like(phi_k), xp.empty_like(v)
     for i in reversed(range(n)):                                     # backward in time
         adjoint = State(adjoint.S + phi_q[..., i, :, None] * dnum[..., i, None, :],
                         adjoint.z + phi_q[..., i, :] * dden[..., i, :])
         dphi_k[..., i, :] = (adjoint.S @ v[..., i, :, None])[..., 0] + adjoint.z
         dv[..., i, :] = (phi_k[..., i, None, :] @ adjoint.S)[..., 0, :]
-    return dphi_q, dphi_k, dv
+    dphi_k, dv = zero_padded(key_mask, dphi_k, dv)
+    if initial_state is None:
+        return dphi_q, dphi_k, dv
+    return dphi_q, dphi_k, dv, adjoint           # the adjoint before position 1: d(S0, z0)

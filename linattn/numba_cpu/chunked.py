@@ -45,6 +45,7 @@ from .._checks import rows as as_rows
 from ..feature_maps import EluPlusOne
 
 FUSED_FEATURE_MAPS = (EluPlusOne,)  # applied by the kernel itself to raw q, k (elu=True)
+SUPPORTS = frozenset({"non_causal"})  # options taken by keyword (dispatch)
 
 FORWARD, DQ, DKV = 0, 1, 2       # the sweeps: attention; dphi_q; dphi_k and dv (reversed)
 # C, measured at D = M = 64, N = 4096, float32, 8 heads on 2 cores (forward + backward

@@ -13,6 +13,7 @@ from . import normaliser, products
 from ..feature_maps import EluPlusOne
 
 FUSED_FEATURE_MAPS = (EluPlusOne,)  # applied by the kernel itself to raw q, k (elu=True)
+SUPPORTS = frozenset({"non_causal"})  # options taken by keyword (dispatch)
 
 MIN_BLOCK = 16  # rows or columns of the state per unit
 

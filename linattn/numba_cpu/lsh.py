@@ -44,6 +44,8 @@ from .blas import gemm
 from .flash_tiles import exp_nonpositive
 from .lsh_hash import hashing
 
+SUPPORTS = frozenset({"non_causal"})  # options taken by keyword (dispatch)
+
 RUN = 8          # consecutive chunks a parallel unit walks, sharing the rows it gathered
 
 

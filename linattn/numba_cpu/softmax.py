@@ -47,6 +47,8 @@ from .blas import gemm
 from .chunked import SINGLE_THREAD_PRODUCT
 from .._checks import rows as as_rows
 
+SUPPORTS = frozenset({"non_causal"})  # options taken by keyword (dispatch)
+
 # Queries per block B, and keys per block C <= PRODUCT_BUDGET / (B max(D, M)), so each
 # product (B C max(D, M) multiply-adds) stays under OpenBLAS's threading threshold
 # (``chunked.SINGLE_THREAD_PRODUCT``), and C <= TILE_BUDGET / B, the tile (C, B) in L1-L2.

@@ -21,6 +21,7 @@ from ..forms.recurrent import State
 from .elu import phi_into
 
 FUSED_FEATURE_MAPS = (EluPlusOne,)  # applied by the kernel itself to raw q, k (elu=True)
+SUPPORTS = frozenset()  # the step family has no options
 
 
 def step(phi_q, phi_k, v, state, eps, elu=False):
