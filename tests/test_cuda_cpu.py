@@ -23,8 +23,10 @@ slow = pytest.mark.slow                      # nvcc builds
 
 
 def nvcc(source, dtype, *flags):
-    """Compile ``source`` with the package's own options; return nvcc's stderr."""
-    done = subprocess.run([NVCC, *launch.options(dtype), *flags, str(launch.source_path(source))],
+    """Compile ``source`` with the options CuPy compiles it with (the package's own and CuPy's
+    -ftz=true); return nvcc's stderr."""
+    done = subprocess.run([NVCC, *launch.options(dtype), *launch.CUPY_ADDS, *flags,
+                           str(launch.source_path(source))],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return done.stderr
@@ -60,6 +62,64 @@ def ptx_signatures(tmp_path_factory):
             found[source, np.dtype(dtype)] = {
                 name: re.findall(r"\.param \.(\w+)", params) for name, params in entries}
     return found
+
+
+def entry(ptx, name):
+    """The PTX body of kernel ``name``."""
+    body = ptx.split(f".entry {name}(", 1)[1]
+    return body.split(".entry ", 1)[0]
+
+
+@slow
+@needs_nvcc
+def test_compensated_step_is_explicitly_rounded(tmp_path):
+    # every multiply, add and subtract of Kahan's compensation is its own rounded instruction
+    # (an fma appears only in the readout): float32 ones carry .ftz under CuPy's -ftz=true,
+    # so float32 subnormals flush; float64 ones never do
+    for dtype, suffix in ((np.float32, ".rn.ftz.f32"), (np.float64, ".rn.f64")):
+        path = tmp_path / f"rnn_step.{np.dtype(dtype).name}.ptx"
+        nvcc("rnn_step.cu", dtype, "-arch=sm_90", "-ptx", "-o", str(path))
+        body = entry(path.read_text(), "rnn_step_compensated")
+        for op in ("mul", "sub"):
+            found = re.findall(rf"\b{op}(\.[\w.]*f(?:32|64))\s", body)
+            assert found and set(found) == {suffix}, (dtype, op, set(found))
+        plain = entry(path.read_text(), "rnn_step")
+        assert f"sub{suffix}" not in plain and f"mul{suffix}" not in plain
+
+
+def test_kernels_are_looked_up_once_per_process(monkeypatch):
+    # a per-token Recurrence.step launches the same kernels again and again: one RawModule per
+    # source and dtype, one get_function per kernel, dtype and device
+    built, looked_up = [], []
+
+    class RawModule:
+        def __init__(self, code, options):
+            built.append(options)
+
+        def get_function(self, name):
+            looked_up.append(name)
+            return object()
+    device = [0]
+    cupy = fake_cupy(2)
+    cupy.RawModule = RawModule
+    cupy.cuda.runtime.getDevice = lambda: device[0]
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    launch._module.cache_clear()
+    launch._kernel.cache_clear()
+    try:
+        first = launch.kernel("rnn_step.cu", "rnn_step", np.float32)
+        for _ in range(3):
+            assert launch.kernel("rnn_step.cu", "rnn_step", np.dtype("float32")) is first
+            launch.kernel("rnn_step.cu", "rnn_step_compensated", np.float32)
+            launch.kernel("rnn_step.cu", "rnn_step", np.float64)
+        assert built == [launch.options(np.float32), launch.options(np.float64)]
+        assert looked_up == ["rnn_step", "rnn_step_compensated", "rnn_step"]
+        device[0] = 1                               # another GPU: loaded there once more
+        assert launch.kernel("rnn_step.cu", "rnn_step", np.float32) is not first
+        assert len(built) == 2 and len(looked_up) == 4
+    finally:
+        launch._module.cache_clear()
+        launch._kernel.cache_clear()
 
 
 PTX_TYPE = {np.int32: "u32", np.int64: "u64", np.float32: "f32", np.float64: "f64"}

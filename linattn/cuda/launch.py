@@ -2,8 +2,12 @@
 clearly why a call cannot run on the GPU (``require_cupy``, called by ``linattn.dispatch``).
 
 Each ``.cu`` file is compiled by CuPy (NVRTC) once per dtype, with ``-DLINATTN_REAL=float`` or
-``double`` naming its scalar type ``real``; CuPy also caches the binary on disk. The nvcc test
-compiles the same files with the same ``options``. CuPy is imported only inside functions.
+``double`` naming its scalar type ``real``; CuPy also caches the binary on disk. CuPy appends
+``-ftz=true`` to every RawModule's options (``CUPY_ADDS``), so float32 subnormals flush to zero
+on the GPU; the nvcc tests and the device variant of the emulated tests compile with
+``options(dtype) + CUPY_ADDS``. The compiled kernels are looked up once per process and device
+(``_kernel``): a per-token ``Recurrence.step`` pays a dictionary lookup, not a ``RawModule``
+function lookup. CuPy is imported only inside functions.
 """
 import functools
 import math
@@ -16,6 +20,7 @@ from .._checks import array_module  # noqa: F401  (the launchers call launch.arr
 THREADS = 256    # every kernel's block size (THREADS in the .cu files)
 TILE = 64        # chunk length and tile width of the chunked kernels (TILE in causal_product.cu)
 SOURCES = ("causal_product.cu", "rnn_step.cu", "softmax.cu")
+CUPY_ADDS = ("-ftz=true",)   # what cupy.cuda.compiler appends to every NVRTC compile
 _REAL = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
 
@@ -44,7 +49,8 @@ def require_causal(causal):
 
 
 def options(dtype):
-    """The compiler options of every source for ``dtype`` (float32 or float64)."""
+    """The compiler options of every source for ``dtype`` (float32 or float64), as passed to
+    CuPy (which adds ``CUPY_ADDS``)."""
     return ("-std=c++17", f"-DLINATTN_REAL={_REAL[np.dtype(dtype)]}")
 
 
@@ -53,19 +59,31 @@ def source_path(name):
     return Path(__file__).with_name(name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _module(name, dtype_name):
+    """The RawModule of source ``name`` for one dtype: NVRTC runs at its first get_function."""
     cupy = require_cupy()
     return cupy.RawModule(code=source_path(name).read_text(), options=options(dtype_name))
 
 
+@functools.cache
+def _kernel(name, function, dtype_name, device):
+    """The kernel ``function`` of source ``name`` for one dtype, loaded on CUDA ``device`` (a
+    module is loaded per device, so the device is part of the key)."""
+    return _module(name, dtype_name).get_function(function)
+
+
 def kernel(name, function, dtype):
-    """The compiled kernel ``function`` of source ``name`` for ``dtype``, compiled on first use."""
-    return _module(name, np.dtype(dtype).name).get_function(function)
+    """The compiled kernel ``function`` of source ``name`` for ``dtype`` on the current device,
+    compiled on first use and then looked up in ``_kernel``'s cache."""
+    import cupy  # importable: linattn.dispatch called require_cupy before any launch
+
+    return _kernel(name, function, np.dtype(dtype).name, cupy.cuda.runtime.getDevice())
 
 
 def launch(name, function, grid, args):
-    """Launch ``function`` of source ``name`` on ``grid`` blocks of THREADS threads.
+    """Launch ``function`` of source ``name`` on ``grid`` blocks of THREADS threads, on CuPy's
+    current stream.
 
     ``args`` are CuPy arrays (all of one dtype, which picks the compiled version), None for a
     null pointer, Python ints (passed as 32-bit ints, or 64-bit where the kernel takes an

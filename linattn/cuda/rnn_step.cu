@@ -23,7 +23,11 @@
 //       does contract a * b + c into one fma by default: y = k v - c would become
 //       fma(k, v, -c), harmless to the algorithm (the term is then the exact product) but
 //       not what NumPy computes, which rounds k v first. Spelled out, the compensated state
-//       equals NumPy's bit for bit. The readout uses the sums s and z as they are.
+//       equals NumPy's bit for bit in float64. In float32 it does too unless a value is
+//       subnormal (below 2^-126): CuPy compiles with -ftz=true, so each of these operations
+//       (mul.rn.ftz.f32, ...) flushes subnormal operands and results to zero where NumPy
+//       keeps them (tests/test_cuda.py holds it to NumPy's operations flushed so). The
+//       readout uses the sums s and z as they are, with contracted multiply-adds.
 #ifndef LINATTN_REAL
 #define LINATTN_REAL float
 #endif
