@@ -20,7 +20,7 @@ CUDA_METHODS = ("linear", "chunked", "recurrent", "auto")        # v1, v2, v1, v
 leads = st.sampled_from([(), (2,), (2, 3)])
 
 # What a GPU result may differ from the NumPy oracle by, by the result's dtype (the table in
-# scripts/gpu_notes.md): |got - want| <= rtol |want| + floor max|want|.
+# linattn/lab/gpu_notes.md): |got - want| <= rtol |want| + floor max|want|.
 # - float64: the GPU contracts a * b + c into one fma (one rounding where NumPy rounds twice)
 #   and sums in another order (tiles, warp shuffles), a few ulps of the summed terms; where
 #   terms cancel (S + k v^T, dP - rowsum(dP P), signed values) that exceeds any rtol of the

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh, the one call a lent GPU gets, checked on the CPU: its steps' limits
+"""linattn/lab/gpu_check.sh, the one call a lent GPU gets, checked on the CPU: its steps' limits
 add up to under 480 s, each step has its own limit and log, only tests/test_cuda.py is
 collected, and a dry run (no GPU, or GPU_CHECK_DRY_RUN=1) skips every GPU step with a line and
 exits 0 after checking each step's command parses."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parents[1] / "scripts" / "gpu_check.sh"
+SCRIPT = Path(__file__).parents[1] / "linattn" / "lab" / "gpu_check.sh"
 BUDGET_S = 480          # the device's time for the whole check, a fresh machine's compiles in
 STEPS = ("device", "warmup", "tests", "memcheck", "racecheck", "synccheck", "bench")
 needs_bash = pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not on the PATH")
@@ -78,8 +78,8 @@ def test_without_a_gpu_it_skips_by_itself(tmp_path):
 @needs_bash
 def test_a_broken_step_fails_the_dry_run(tmp_path):
     # the dry run parses each step's command: a syntax error there is an error, not a skip
-    broken = tmp_path / "scripts" / "gpu_check.sh"
-    broken.parent.mkdir()
+    broken = tmp_path / "linattn" / "lab" / "gpu_check.sh"
+    broken.parent.mkdir(parents=True)
     broken.write_text(SCRIPT.read_text().replace('step synccheck 30 "$(sanitize synccheck)"',
                                                  'step synccheck 30 "if then"'))
     done = subprocess.run(["bash", str(broken), str(tmp_path / "out")], capture_output=True,

@@ -13,10 +13,10 @@
 #              kernels instrumented; memcheck first proves it sees an out-of-bounds write
 #   bench      the GPU benchmark, last
 # and prints a table of each step's exit code and seconds (also OUTDIR/summary.txt).
-#   bash scripts/gpu_check.sh [OUTDIR]      (OUTDIR: default $OUT, else /tmp/linattn-gpu)
+#   bash linattn/lab/gpu_check.sh [OUTDIR]      (OUTDIR: default $OUT, else /tmp/linattn-gpu)
 # Without a GPU (or with GPU_CHECK_DRY_RUN=1) every GPU step prints a skip line; exit 0.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=${1:-${OUT:-/tmp/linattn-gpu}}
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -91,7 +91,7 @@ fi
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 export GPU_CHECK_SANITIZER=$sanitizer
 bench_module=""
-for module in linattn.lab.bench.gpu linattn.lab.gpu linattn.bench.gpu; do
+for module in linattn.lab.bench.gpu; do
     path=${module//.//}
     if [[ -f $path.py || -f $path/__main__.py ]]; then bench_module=$module; break; fi
 done
