@@ -10,7 +10,7 @@ from linattn import (Recurrence, State, linear_attention, linear_attention_backw
                      linear_attention_step, softmax_attention, softmax_attention_backward)
 from linattn.cuda import launch
 
-from conftest import FEATURE_MAP_NAMES, assert_gradients_match, random_qkv, relative_error
+from helpers import FEATURE_MAP_NAMES, assert_gradients_match, random_qkv, relative_error
 from test_linear import feature_map
 
 pytestmark = pytest.mark.gpu

@@ -85,7 +85,8 @@ def product_backward(dout, phi_q, phi_k, v, causal, chunk_size):
 def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=DEFAULT_CHUNK_SIZE):
     """Normalised linear attention, Eq. (5) / (9), in blocks of ``chunk_size`` positions.
 
-    Shapes (..., Nq, F), (..., Nk, F), (..., Nk, M) -> (..., Nq, M). Cost: O(N C (F + M) + N F M) time.
+    Shapes (..., Nq, F), (..., Nk, F), (..., Nk, M) -> (..., Nq, M).
+    Cost: O(N C (F + M) + N F M) time.
     """
     return normalised(product, phi_q, phi_k, v, eps, causal=causal, chunk_size=chunk_size)
 

@@ -53,7 +53,7 @@ def _loops(a, b, out, beta):
     row = np.empty(out.shape[1], dtype=out.dtype)
     for i in range(out.shape[0]):
         row[:] = 0
-        for l in range(a.shape[1]):
+        for l in range(a.shape[1]):  # noqa: E741 (l: the summed index of a b)
             a_il = a[i, l]
             for j in range(out.shape[1]):
                 row[j] += a_il * b[l, j]
