@@ -91,6 +91,10 @@ def _pivot(rows, key, x, scale=1.0):
             for name, by_x in groups.items()}
 
 
+def _ms(seconds):
+    return None if seconds is None else seconds * 1e3
+
+
 def _missing(title, path):
     return f"## {title}\n\nNot in this run: `{path}` is missing."
 
@@ -295,7 +299,7 @@ def _threads(bench):
     settings = "\n".join(f"    {k}={v}" for k, v in threads.SETTINGS.items())
     text = "## Thread settings\n\n" + THREADS_TEXT.format(settings=settings)
     t = (bench or {}).get("threads")
-    if t:
+    if t and all(t.get(k) for k in ("one_s", "all_s", "blas_one_s", "blas_all_s")):
         body = [["causal forward, heads = 1", _sig(t["one_s"] * 1e3), _sig(t["all_s"] * 1e3),
                  _sig(t["one_s"] / t["all_s"])],
                 ["NumPy float32 matmul (the yardstick)", _sig(t["blas_one_s"] * 1e3),
@@ -324,8 +328,9 @@ def _auto(figures_dir):
     path = figures_dir / "data" / "bench_crossover.csv"
     if path.exists():
         rows = read_csv(path)[0]
-        cells = [[r["case"], r["heads"], r["width"], r["n"], _sig(r["forward_best_s"] * 1e3),
-                  _sig(r["forward_backward_best_s"] * 1e3)] for r in rows]
+        cells = [[r.get("case"), r.get("heads", "-"), r.get("width", "-"), r.get("n"),
+                  _sig(_ms(r.get("forward_best_s"))), _sig(_ms(r.get("forward_backward_best_s")))]
+                 for r in rows]
         text += ["", "The blocks against the paper's running sums as plain compiled loops "
                  f"(`{path.name}`; best times, ms), the comparison that makes the blocks the "
                  "default for long sequences:", "",
