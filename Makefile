@@ -2,13 +2,14 @@
 #   make figures   the main job: regenerates figures/ from fresh measurements and
 #                  re-executes the notebooks in place; PEER_PYTHON=/path/to/python (an
 #                  interpreter with torch and pytorch-fast-transformers) draws the peers too
-#   make test      the test suite
+#   make test      the test suite (the 15 slowest tests listed at the end)
+#   make lint      ruff over the package, the tests and the notebooks' Python files
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PEER_PYTHON ?=
 
-.PHONY: figures notebooks test
+.PHONY: figures notebooks test lint
 
 $(VENV)/installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,4 +24,11 @@ notebooks: $(VENV)/installed
 	$(PY) -m jupyter nbconvert --to notebook --execute --inplace notebooks/*.ipynb
 
 test: $(VENV)/installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
+
+$(VENV)/lint-installed: $(VENV)/installed
+	$(PY) -m pip install --quiet -e '.[lint]'
+	touch $@
+
+lint: $(VENV)/lint-installed
+	$(PY) -m ruff check linattn tests notebooks/checks notebooks/solutions

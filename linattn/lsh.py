@@ -85,7 +85,8 @@ def lsh_attention_backward(dout, qk, v, *, n_hashes=1, chunk_size=32, n_buckets=
                    causal=causal, seed=seed)
     (qk, v, dout), out_dtype = check_lsh(qk, v, dout, **options)
     kernel, _ = dispatch.kernel("lsh", "auto", backend, np, needs=dispatch.needed(causal=causal))
-    return tuple(g.astype(out_dtype, copy=False) for g in kernel.attend_backward(dout, qk, v, **options))
+    return tuple(g.astype(out_dtype, copy=False)
+                 for g in kernel.attend_backward(dout, qk, v, **options))
 
 
 def lsh_attention_mask(qk, *, n_hashes=1, chunk_size=32, n_buckets=None, causal=False,

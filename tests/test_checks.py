@@ -6,7 +6,7 @@ import pytest
 from linattn import (linear_attention, linear_attention_backward, softmax_attention,
                      softmax_attention_backward)
 
-from conftest import random_qkv
+from helpers import random_qkv
 
 FORWARDS = [linear_attention, softmax_attention]
 BACKWARDS = [linear_attention_backward, softmax_attention_backward]

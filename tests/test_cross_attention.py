@@ -8,7 +8,7 @@ from hypothesis import given, strategies as st
 from linattn import (linear_attention, linear_attention_backward, softmax_attention,
                      softmax_attention_backward)
 
-from conftest import assert_gradients_match
+from helpers import assert_gradients_match
 
 LINEAR = [("numpy", "linear"), ("numpy", "chunked"), ("numpy", "recurrent"),
           ("numba", "linear"), ("numba", "chunked"), ("numba", "auto")]

@@ -13,7 +13,7 @@ from linattn import (Favor, Recurrence, State, linear_attention, linear_attentio
                      linear_attention_step, softmax_attention, softmax_attention_backward)
 from linattn.cuda import launch
 
-from conftest import FEATURE_MAP_NAMES, assert_gradients_match, random_qkv, relative_error
+from helpers import FEATURE_MAP_NAMES, assert_gradients_match, random_qkv, relative_error
 
 pytestmark = pytest.mark.gpu
 CUDA_METHODS = ("linear", "chunked", "recurrent", "auto")        # v1, v2, v1, v2

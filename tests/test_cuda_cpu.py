@@ -15,7 +15,7 @@ from linattn import (linear_attention, linear_attention_backward, linear_attenti
 from linattn.cuda import chunked, cumulative, launch, softmax, step
 from linattn.forms.recurrent import zero_state
 
-from conftest import random_qkv
+from helpers import random_qkv
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on the PATH")

@@ -25,7 +25,7 @@ from linattn.feature_maps import get_feature_map
 from linattn.forms import chunked as numpy_chunked, recurrent
 from linattn.softmax import softmax_attention, softmax_attention_backward
 
-from conftest import random_qkv
+from helpers import random_qkv
 from test_cuda import assert_close, kahan_add_flushed_, subnormal_steps
 
 GXX = shutil.which("g++")

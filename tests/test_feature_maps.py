@@ -5,7 +5,7 @@ import pytest
 from linattn import EluPlusOne, Favor, ReLU, Taylor, linear_attention
 from linattn.feature_maps import get_feature_map
 
-from conftest import FEATURE_MAP_NAMES, assert_gradients_match
+from helpers import FEATURE_MAP_NAMES, assert_gradients_match
 
 MAPS = [EluPlusOne(), ReLU(), Taylor(), Favor(n_features=7, seed=3)]
 

@@ -6,7 +6,7 @@ from hypothesis import given, strategies as st
 
 from linattn import Favor, linear_attention, linear_attention_backward
 
-from conftest import FEATURE_MAP_NAMES, assert_gradients_match, random_qkv, relative_error
+from helpers import FEATURE_MAP_NAMES, assert_gradients_match, random_qkv, relative_error
 
 FAST_METHODS = ("linear", "chunked", "recurrent", "auto")  # on NumPy and on Numba alike
 ALL_METHODS = ("quadratic",) + FAST_METHODS

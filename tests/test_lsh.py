@@ -8,7 +8,7 @@ from hypothesis import given, strategies as st
 from linattn import lsh_attention, lsh_attention_backward, lsh_attention_mask
 from linattn.forms import lsh as forms_lsh
 
-from conftest import assert_gradients_match, random_qkv
+from helpers import assert_gradients_match, random_qkv
 
 BACKENDS = ("numpy", "numba")
 

@@ -3,7 +3,7 @@ finite differences, for softmax, every feature map of linear attention and LSH (
 import numpy as np
 import pytest
 
-from conftest import FEATURE_MAP_NAMES, assert_gradients_match
+from helpers import FEATURE_MAP_NAMES, assert_gradients_match
 from linattn.model.attention import attention, attention_backward, merge_heads, split_heads
 from linattn.model.config import ModelConfig
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from conftest import assert_gradients_match
+from helpers import assert_gradients_match
 from linattn.model.speech.ctc import (ctc_loss, ctc_loss_backward, edit_distance, greedy_decode,
                                phoneme_error_rate)
 

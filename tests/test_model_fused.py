@@ -9,7 +9,7 @@ from linattn.model import layers
 from linattn.model.fast import fused
 from linattn.model.fast import optim as fast_optim
 
-from conftest import assert_gradients_match
+from helpers import assert_gradients_match
 
 # (37, 5): more rows than layer norm's backward has blocks, and not a multiple of them
 shapes = st.sampled_from([(1, 1), (1, 7), (3, 5), (2, 3, 33), (4, 1, 1024), (37, 5)])

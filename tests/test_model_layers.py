@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from conftest import assert_gradients_match
+from helpers import assert_gradients_match
 from linattn.model import layers
 
 

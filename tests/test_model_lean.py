@@ -5,7 +5,7 @@ against central finite differences."""
 import numpy as np
 import pytest
 
-from conftest import numerical_parameter_gradients, relative_error
+from helpers import numerical_parameter_gradients, relative_error
 from linattn.model.fast import lean
 from linattn.model.config import ModelConfig
 from linattn.model.layers import cross_entropy

@@ -4,7 +4,7 @@ reaches no real frame, and every gradient against central finite differences (fl
 import numpy as np
 import pytest
 
-from conftest import assert_gradients_match, relative_error
+from helpers import assert_gradients_match, relative_error
 from linattn.model.speech.lstm import (backward, bilstm_layer, bilstm_layer_backward, forward,
                                 init_params, reverse_padded)
 

@@ -11,7 +11,7 @@ from linattn.model.speech.models import (SpeechConfig, check_speech_config, deco
                                   init_params, loss_and_grads)
 from linattn.model.speech.task import SpeechTask, epoch_batches, pad_batch, trivial_per
 
-from conftest import numerical_parameter_gradients
+from helpers import numerical_parameter_gradients
 
 TINY_TASK = SpeechTask(n_phonemes=3, n_features=3, min_phonemes=1, max_phonemes=3,
                        min_hold=2, max_hold=3, n_train=4, n_valid=2, n_test=2)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from conftest import numerical_parameter_gradients, relative_error
+from helpers import numerical_parameter_gradients, relative_error
 from linattn.model.config import ModelConfig, check_config
 from linattn.model.layers import cross_entropy
 from linattn.model.paths import loss_and_grads

@@ -15,7 +15,7 @@ from linattn import linear_attention, linear_attention_backward
 from linattn.feature_maps import EluPlusOne
 from linattn.numba_cpu import blas, chunked, elu, products, softmax, step
 
-from conftest import random_qkv
+from helpers import random_qkv
 
 
 def run_product(causal, n_blocks, reverse, eps, seed=0):

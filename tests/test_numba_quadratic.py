@@ -8,7 +8,7 @@ from hypothesis import given, strategies as st
 from linattn import linear_attention, linear_attention_backward
 from linattn.numba_cpu import chunked, quadratic
 
-from conftest import assert_gradients_match, random_qkv
+from helpers import assert_gradients_match, random_qkv
 
 leads = st.sampled_from([(), (2,), (2, 3), (2, 1, 2)])
 

@@ -14,7 +14,7 @@ from numba import njit
 from linattn.forms import softmax as numpy_softmax
 from linattn.numba_cpu import flash_tiles, softmax
 
-from conftest import assert_gradients_match, relative_error
+from helpers import assert_gradients_match, relative_error
 
 LEADS = [(), (1,), (2,), (2, 3)]
 

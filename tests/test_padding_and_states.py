@@ -16,7 +16,7 @@ from linattn import (Recurrence, State, linear_attention, linear_attention_backw
                      linear_attention_step, softmax_attention, softmax_attention_backward)
 from linattn import dispatch
 
-from conftest import assert_gradients_match, random_qkv
+from helpers import assert_gradients_match, random_qkv
 
 METHODS = ("quadratic", "linear", "chunked", "recurrent", "auto")
 seeds = st.integers(0, 2**32 - 1)

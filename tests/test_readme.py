@@ -1,12 +1,22 @@
-"""The README tells the truth: its Python example runs as written."""
+"""The README and the docs tell the truth: every Python example in them runs as written."""
 import pathlib
 import re
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
-def test_readme_example_runs():
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    assert blocks, "README.md has no python example"
-    for block in blocks:
-        exec(compile(block, str(README), "exec"), {})
+def python_blocks(path):
+    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+
+
+def test_readme_has_an_example():
+    assert python_blocks(ROOT / "README.md"), "README.md has no python example"
+
+
+@pytest.mark.parametrize("path", PAGES, ids=[p.name for p in PAGES])
+def test_examples_run(path):
+    for block in python_blocks(path):
+        exec(compile(block, str(path), "exec"), {})

@@ -12,7 +12,7 @@ from linattn import (CompensatedState, Recurrence, State, linear_attention,
                      linear_attention_step)
 from linattn.feature_maps import get_feature_map
 
-from conftest import FEATURE_MAP_NAMES, random_qkv, relative_error
+from helpers import FEATURE_MAP_NAMES, random_qkv, relative_error
 from test_cuda_cpu import fake_cupy
 from test_linear import BACKENDS, feature_map
 from test_recurrent import scan as scan_functional   # linear_attention_step over positions

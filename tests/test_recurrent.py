@@ -7,7 +7,7 @@ from hypothesis import given, strategies as st
 from linattn import State, linear_attention, linear_attention_step
 from linattn.feature_maps import get_feature_map
 
-from conftest import FEATURE_MAP_NAMES, random_qkv
+from helpers import FEATURE_MAP_NAMES, random_qkv
 from test_linear import BACKENDS, feature_map
 
 

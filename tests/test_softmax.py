@@ -5,7 +5,7 @@ from hypothesis import given, strategies as st
 
 from linattn import softmax_attention, softmax_attention_backward
 
-from conftest import assert_gradients_match, random_qkv
+from helpers import assert_gradients_match, random_qkv
 
 BACKENDS = ("numpy", "numba")
 

@@ -88,7 +88,8 @@ def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=DEFAULT_CHUNK_SIZE, key_m
     """Normalised linear attention, Eq. (5) / (9), in blocks of ``chunk_size`` positions; the
     key mask and states as in ``padding`` (with the state: ``(out, State)``).
 
-    Shapes (..., Nq, F), (..., Nk, F), (..., Nk, M) -> (..., Nq, M). Cost: O(N C (F + M) + N F M) time.
+    Shapes (..., Nq, F), (..., Nk, F), (..., Nk, M) -> (..., Nq, M).
+    Cost: O(N C (F + M) + N F M) time.
     """
     return normalised(product, phi_q, phi_k, v, eps, causal=causal, chunk_size=chunk_size,
                       key_mask=key_mask, initial_state=initial_state, return_state=return_state)

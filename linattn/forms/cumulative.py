@@ -51,7 +51,8 @@ def product_backward(dout, phi_q, phi_k, v, causal):
         dphi_q[..., i, :] = (s @ dout[..., i, :, None])[..., 0]      # Eq. (13)
     g = xp.zeros(state_shape, dtype=v.dtype)
     for i in reversed(range(n)):
-        g += phi_q[..., i, :, None] * dout[..., i, None, :]          # G_i = G_{i+1} + phi_q_i dout_i^T
+        # G_i = G_{i+1} + phi_q_i dout_i^T
+        g += phi_q[..., i, :, None] * dout[..., i, None, :]
         dphi_k[..., i, :] = (g @ v[..., i, :, None])[..., 0]         # Eq. (14)
         dv[..., i, :] = (phi_k[..., i, None, :] @ g)[..., 0, :]      # Eq. (15)
     return dphi_q, dphi_k, dv

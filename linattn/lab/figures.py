@@ -482,6 +482,8 @@ def main(argv=None):
         start = time.perf_counter()
         paths = make(args.out, args.quick, caption, args.peer_python)
         print(f" {time.perf_counter() - start:.1f} s -> {', '.join(map(str, paths))}")
+    from .performance_page import page_path, write_page      # the dated page of these files
+    print(f"performance page -> {write_page(args.out, page_path(args.out))}")
     return 0
 
 

@@ -184,8 +184,8 @@ FIGURE1 = dict(min_n=2**9, max_n=2**16, tokens=2**16)
 
 # seconds: a curve of Figure 1 stops after its first forward + backward over all the tokens
 # that takes longer. Every call of a linear form does the same work (batch x N is fixed), so
-# this lets the NumPy forms run the whole range (~7 s a call on a 2-core Xeon) and stops
-# the quadratic ones after a few doublings.
+# this lets the NumPy forms run the whole range on a small machine and stops the quadratic
+# ones after a few doublings.
 FIGURE1_BUDGET = 15.0
 
 

@@ -26,19 +26,13 @@ float32 inside the loops; parallel over the flattened batch x heads and, when th
 share out evenly over the threads, over blocks of the state (loops) or segments of the
 sequence (chunked).
 
-Why method "auto" is the blocks (``dispatch.AUTO_METHOD``), measured on a 2-core AMD EPYC
-(float32, N = 4096, default chunk size, forward + backward; the crossover table of ``python -m linattn bench`` repeats it on
-any machine): the blocks beat the loops at every width tried, at 8 heads by 1.4x at
-D = M = 16, 2.1-2.4x at 32 to 128 and 1.6x at 256, at 1 head by 1.3x at 16, 2.2x at 64
-and 1.6x at 256.
-Non-causal, the same blocks with the whole row's state: 2.0-4.2x faster than the loops at
-1 and 8 heads, D = M = 16 to 256 (and 1.3-1.7x faster than causal up to D = M = 64 at 8
-heads; as fast beyond, where the state's products are all the work). NumPy's two products
-S = K^T [V, 1], out = Q S, which they replace, ran 2.5-3.7x slower at D = M = 64.
-Short sequences go to ``quadratic`` instead (blocks of the kernel matrix; the rule and its
-measurement are in ``dispatch.AUTO_METHOD``).
+Why method "auto" is the blocks (``dispatch.AUTO_METHOD``): for long sequences they beat the
+plain running-sum loops at every width, causal and not, since BLAS does most of their work;
+short sequences go to ``quadratic`` (blocks of the kernel matrix). The benchmark's crossover
+table (``python -m linattn bench``) measures both on any machine; ``docs/performance.md`` has
+the committed run.
 
-The compiled loops' OpenMP threads spin briefly (about 0.1 ms) and then sleep, and OpenBLAS's
-threads spin a shorter while after a product than their default: set at import by
-``linattn.threads``, which has the measurements.
+The compiled loops' OpenMP threads spin briefly and then sleep, and OpenBLAS's threads spin a
+shorter while after a product than their default, when the entry points apply the settings of
+``linattn.threads`` (never at import); ``docs/performance.md`` explains them.
 """

@@ -48,17 +48,16 @@ FUSED_FEATURE_MAPS = (EluPlusOne,)  # applied by the kernel itself to raw q, k (
 SUPPORTS = frozenset({"non_causal"})  # options taken by keyword (dispatch)
 
 FORWARD, DQ, DKV = 0, 1, 2       # the sweeps: attention; dphi_q; dphi_k and dv (reversed)
-# C, measured at D = M = 64, N = 4096, float32, 8 heads on 2 cores (forward + backward
-# sweeps, ms): C = 8 25.4-26.3, 12 24.5-25.0, 16 24.4-24.8, 20 26.4-27.6, 32 27.3-27.7
+# C: the fastest of the sizes tried at the benchmark's shape (D = M = 64, 8 heads), forward
+# + backward; the time is flat near it (docs/performance.md has the benchmark's machine)
 DEFAULT_CHUNK_SIZE = 16
 # OpenBLAS (SciPy's, which Numba calls) gives a matrix product of m n k multiply-adds
 # floor(m n k / 2^18) threads: below 2^19 it runs on the calling thread; above, its own
-# threads fight the Numba threads calling it (blocks of 96 at D = M = 64 ran 3x slower).
+# threads fight the Numba threads calling it (larger blocks ran several times slower).
 SINGLE_THREAD_PRODUCT = 2 ** 19
 # the increments before a segment, a block's worth of positions, against a block's whole
-# forward work: measured (heads = 1, N = 4096, D = M = 64, 2 threads over 1: 0.2 to 0.5
-# tried, the forward fastest at 0.3, 1.63-1.64x; forward + backward 1.51-1.56x there, 2%
-# better at 0.2); sets the lengths of ``segments``
+# forward work: the value of those tried at which one row on two threads ran its forward
+# fastest (forward + backward nearly as fast); sets the lengths of ``segments``
 INCREMENT_COST = 0.3
 
 

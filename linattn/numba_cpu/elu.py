@@ -132,7 +132,7 @@ def vjp_(x, dfeatures):
 
 
 # The loops take their arrays as arguments: with an array allocated in the same compiled
-# function, LLVM did not vectorise them (13 ms for 2M floats instead of 1.8 ms).
+# function, LLVM did not vectorise them, and they ran several times slower.
 @njit(cache=True, error_model="numpy")
 def phi_into(x, out):
     """out[i] = phi(x[i]) over two 1-D arrays: the vectorised loop every kernel uses."""

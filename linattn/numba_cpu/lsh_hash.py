@@ -58,7 +58,7 @@ def _fold(tile, first, top, i_top, low, i_low, i_nan):
     argmax: tile (width, positions) holds p_b of position a at [b - first, a], following
     every p_b folded in before; strict comparisons keep the first occurrence. Each step is
     a select over the positions, which the compiler vectorises (a scan along one position's
-    p would be a chain of dependent branches, six times slower)."""
+    p would be a chain of dependent branches, several times slower)."""
     for b in range(tile.shape[0]):
         p_b = tile[b]
         index = np.int32(first + b)

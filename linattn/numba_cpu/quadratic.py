@@ -29,9 +29,8 @@ from ..feature_maps import EluPlusOne
 
 FUSED_FEATURE_MAPS = (EluPlusOne,)  # applied by the kernel itself to raw q, k (elu=True)
 SUPPORTS = frozenset({"non_causal"})  # options taken by keyword (dispatch)
-# query rows per block, measured at N = 127, float32, 16 rows on one thread of a 2-core Xeon
-# (forward + backward, CPU ms): D = M = 32: C = 16 1.22, 32 1.22, 64 1.26, 128 1.58;
-# D = M = 64: 2.30, 2.27, 2.49 (128: over SINGLE_THREAD_PRODUCT, see ``block_length``)
+# query rows per block: 16 to 64 timed alike on the copy task's shape (N = 127), larger
+# blocks slower (and over SINGLE_THREAD_PRODUCT at D = M = 64, see ``block_length``)
 DEFAULT_BLOCK = 32
 
 

@@ -14,8 +14,8 @@ Backward (given dout), with D = rowsum(dout * out), for each key block, over que
 The products are BLAS (``blas.gemm``, adding into dK_c, dV_c, dQ_b and O); the element loops
 between them are ``flash_tiles``'s, on tiles held transposed (keys x queries). Each unit
 copies the operand it keeps (Q_b^T forward, K_c^T and V_c^T backward) into scratch: OpenBLAS
-multiplied a C-ordered matrix by a transposed one ((64, 64) @ (64, 64)^T, float32) in 5.0 us
-against 3.1-3.4 us for the other three layouts.
+multiplied a C-ordered matrix by a transposed one markedly slower than in the other three
+layouts.
 
 Work. Forward units are (row of batch x heads, query block); causal, block i is paired
 with block n - 1 - i, so every unit does n + 1 key blocks and the threads get equal shares
@@ -29,11 +29,10 @@ products of the five per tile, and the exps) to save those copies.
 Small work (``PARALLEL_WORK``) runs the same units on the calling thread.
 Memory: out, lse and D (Nq (M + 2)) in the backward, the dq copies, and O(B C) scratch per
 unit; never Nq x Nk. Cost: O(Nq Nk (D + M)) time, halved when causal.
-Measured (N = 4096, 8 heads, D = M = 64, float32, 2 threads, alternating with torch 2.13's
-scaled_dot_product_attention on 2 threads; a shared, loaded machine, rough): forward 1.0-1.1
-times SDPA's time, forward + backward 1.1-1.3 times (this backward reruns the forward, nine
-products per tile against SDPA's seven), causal or not; 3-3.5 times faster forward and
-5.5-6.5 times faster forward + backward than the row-by-row loops this replaced.
+It replaced row-by-row loops, several times slower. Against PyTorch's
+scaled_dot_product_attention the benchmark's head-to-head rounds measure it
+(``docs/performance.md``); this backward reruns the forward, nine products per tile against
+SDPA's seven, which is most of the gap there.
 Oracle: ``linattn.forms.softmax`` (NumPy). Same signatures: already validated arrays.
 """
 import math
@@ -52,18 +51,15 @@ SUPPORTS = frozenset({"non_causal"})  # options taken by keyword (dispatch)
 # Queries per block B, and keys per block C <= PRODUCT_BUDGET / (B max(D, M)), so each
 # product (B C max(D, M) multiply-adds) stays under OpenBLAS's threading threshold
 # (``chunked.SINGLE_THREAD_PRODUCT``), and C <= TILE_BUDGET / B, the tile (C, B) in L1-L2.
-# Measured at N = 4096, D = M = 64, float32, 8 heads, one thread (CPU ms, forward and
-# forward + backward, non-causal; causal about half; rough, shared machine): (B, C) = (64,
-# 64) 368 and 1414, (96, 64) 338 and 1406, (64, 96) 333 and 1379, (96, 80) 329 and 1341,
-# (128, 48) 353 and 1479, (48, 128) 355 and 1441: within the noise, so B = C = 64.
+# Tiles from 48 to 128 on a side timed within the noise of each other at the benchmark's
+# shape (D = M = 64, 8 heads), so B = C = 64.
 QUERY_BLOCK = 64
 PRODUCT_BUDGET = SINGLE_THREAD_PRODUCT // 2
 TILE_BUDGET = 2 ** 14
 # Less work than this, R Nq Nk (D + M) multiply-adds, runs on the calling thread. At 2^22
-# (one generation step, Nq = 1, of 8 heads against 4096 keys, D = M = 64, float32) one
-# thread took 0.61 ms, NumPy's two products 0.66 ms, two threads 0.33 ms on an idle
-# machine but 8 ms while other processes held the cores (every parallel region then waits
-# for a time slice): small work stays on one thread.
+# (one generation step, Nq = 1, of 8 heads against 4096 keys, D = M = 64) two threads
+# halved the time on an idle machine but took many times longer while other processes held
+# the cores (every parallel region then waits for a time slice): small work stays on one.
 PARALLEL_WORK = 2 ** 23
 
 

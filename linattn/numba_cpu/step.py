@@ -9,7 +9,7 @@ A generated token costs O(F M) per head whatever its position; at 8 heads and F 
 kernel reads and writes the 128 KB state once, a few microseconds, so the loop is serial:
 waking threads would cost more than the work. The arrays keep their leading axes across the
 call (the kernel flattens them), since every reshape or wrapper in Python costs as much as a
-tenth of the kernel, and so does each array argument of a compiled call (~0.1 us).
+tenth of the kernel, and each array argument of a compiled call costs a little too.
 No fastmath: the compensated kernel relies on every addition being rounded in the order
 written (fastmath would let LLVM simplify the compensation (t - s) - y to 0).
 """
@@ -104,7 +104,7 @@ def step_into(q, k, v, s, z, out, eps, elu=False):
     A compiled function that ``linattn.Recurrence`` calls as it is: every Python wrapper
     would add to a step that costs a few microseconds. Writing into a separate s_new
     instead would read the same, but when s_new is s LLVM's overlap check sends the loop to
-    its scalar version, four times slower. Cost: O(F M) time per leading index, one pass
+    its scalar version, several times slower. Cost: O(F M) time per leading index, one pass
     over S, no allocation beyond three rows of scratch.
     """
     q2, k2, v2, s3, z2, out2 = _as_rows(q, k, v, s, z, out)
@@ -115,7 +115,7 @@ def step_into(q, k, v, s, z, out, eps, elu=False):
         v_r = v2[r]
         num[:] = 0
         for f in range(0, f_width - 1, 2):          # rows f and f + 1 of S together: num is
-            s0, s1 = s3[r, f], s3[r, f + 1]         # loaded and stored once for both (~15%)
+            s0, s1 = s3[r, f], s3[r, f + 1]         # loaded and stored once for both
             k0, k1, p0, p1 = phi_k[f], phi_k[f + 1], phi_q[f], phi_q[f + 1]
             for m in range(m_width):                # vectorised over m
                 a0 = s0[m] + k0 * v_r[m]            # S_i = S_{i-1} + phi(k_i) v_i^T, row f

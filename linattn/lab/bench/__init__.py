@@ -36,7 +36,8 @@ from ...threads import user_environment
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(prog="python -m linattn.lab.bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m linattn.lab.bench",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes, under a minute")
     p.add_argument("--out", default=os.path.join("figures", "data"), help="output directory")
     p.add_argument("--batch", type=int, default=1)
@@ -49,7 +50,8 @@ def parse(argv):
     p.add_argument("--tokens", type=int, default=None,
                    help="keep batch x N at TOKENS, batch = max(1, TOKENS // N), as the "
                         "paper's Figure 1 does (default: --batch at every N)")
-    p.add_argument("--compare-n", type=int, default=4096, help="N of the head-to-head rounds and the summary")
+    p.add_argument("--compare-n", type=int, default=4096,
+                   help="N of the head-to-head rounds and the summary")
     p.add_argument("--cross-n", type=int, default=4096, help="N of the crossover")
     p.add_argument("--gen-positions", type=int, default=16384)
     p.add_argument("--repeats", type=int, default=5)

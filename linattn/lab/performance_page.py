@@ -1,0 +1,356 @@
+"""The performance page, ``docs/performance.md``, written from the lab's files, never by hand.
+
+``write_page(figures_dir, out)`` reads what ``python -m linattn.lab.figures`` wrote (each
+figure's CSV, whose ``# key: value`` header names the machine and the date, and the
+benchmark's ``data/bench.json`` and ``data/bench_*.csv``) and writes one Markdown page: the
+machine, its BLAS and threads, the date of the run, then a table per measurement. Every
+number on the page comes from those files, so the page is as old as the run it names;
+``figures.main`` rewrites it after each run, and
+
+    python -m linattn.lab.performance_page [--figures figures] [--out docs/performance.md]
+
+rewrites it from the committed files alone (no measuring). A file that is missing leaves
+its section saying so. Two sections hold fixed prose: what each thread setting of
+``linattn.threads`` does, and the rule by which the Numba backend's method "auto" picks a
+form; their numbers, too, come from the files.
+"""
+import argparse
+import json
+import pathlib
+
+import numpy as np
+
+from .. import dispatch, threads
+from .figures import fitted_slope, read_csv
+from .measure import crossover_n
+
+
+def page_path(figures_dir):
+    """Where the page of ``figures_dir`` goes: ``docs/performance.md`` beside a folder named
+    ``figures`` (the repository's), else ``performance.md`` inside it (a scratch run)."""
+    figures_dir = pathlib.Path(figures_dir)
+    if figures_dir.name == "figures":
+        return figures_dir.parent / "docs" / "performance.md"
+    return figures_dir / "performance.md"
+
+
+def write_page(figures_dir="figures", out="docs/performance.md"):
+    """Build the page from the files in ``figures_dir`` and write it to ``out``.
+
+    Returns
+    -------
+    pathlib.Path
+        The page written.
+    """
+    figures_dir, out = pathlib.Path(figures_dir), pathlib.Path(out)
+    bench = _json(figures_dir / "data" / "bench.json")
+    sections = [_header(figures_dir, bench), _summary(bench), _time(figures_dir),
+                _memory(figures_dir), _tokens(figures_dir), _generation(figures_dir),
+                _training_step(figures_dir), _copy_task(figures_dir), _speech(figures_dir),
+                _threads(bench), _auto(figures_dir)]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n\n".join(s.strip("\n") for s in sections) + "\n")
+    return out
+
+
+# ---- reading -------------------------------------------------------------------------------
+
+def _json(path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _csv(path):
+    """(rows, meta) of a figure's CSV, or (None, {}) when the file is missing."""
+    return read_csv(path) if path.exists() else (None, {})
+
+
+def _sig(x, digits=3):
+    """x with ``digits`` significant digits, "-" for a missing value."""
+    if x is None or (isinstance(x, float) and np.isnan(x)):
+        return "-"
+    if abs(x) >= 10 ** digits:
+        return f"{x:.0f}"                                  # 1234, not 1.23e+03
+    return f"{x:.{digits}g}"
+
+
+def _table(head, rows, align=None):
+    """A Markdown table: ``head`` a list of column titles, ``rows`` lists of cells."""
+    align = align or ["---"] + ["---:"] * (len(head) - 1)
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _pivot(rows, key, x, scale=1.0):
+    """{name: {x: median of row[key] * scale}} over the rows that have a value."""
+    groups = {}
+    for row in rows:
+        if row.get(key) is not None:
+            groups.setdefault(str(row["name"]), {}).setdefault(row[x], []).append(row[key])
+    return {name: {xv: float(np.median(v)) * scale for xv, v in by_x.items()}
+            for name, by_x in groups.items()}
+
+
+def _ms(seconds):
+    return None if seconds is None else seconds * 1e3
+
+
+def _missing(title, path):
+    return f"## {title}\n\nNot in this run: `{path}` is missing."
+
+
+# ---- sections ------------------------------------------------------------------------------
+
+def _header(figures_dir, bench):
+    lines = ["# Performance", "",
+             "Written by `linattn.lab.performance_page` from the files of one run of "
+             "`make figures` (the CSVs in `figures/`, the benchmark's `figures/data/`); do "
+             "not edit it by hand. Other machines give other numbers, and other ratios: "
+             "read each as this run's.", ""]
+    if bench is None:
+        _, meta = _csv(figures_dir / "time_vs_n.csv")
+        lines.append(f"- machine: {meta.get('machine', 'not recorded')}")
+        lines.append(f"- date: {meta.get('date', 'not recorded')}")
+        return "\n".join(lines)
+    m = bench["machine"]
+    blas = m.get("blas")
+    if isinstance(blas, list):
+        blas = "; ".join(f"{b.get('internal_api')} {b.get('version')} "
+                         f"({b.get('architecture')}, {b.get('num_threads')} threads, "
+                         f"{b.get('threading_layer')})" for b in blas)
+    peers = bench.get("peers") or {}
+    lines += [f"- date of the benchmark: {m.get('date')}",
+              f"- CPU: {m.get('cpu')}, {m.get('cores_available')} cores available",
+              f"- BLAS: {blas}",
+              f"- Python {m.get('python')}, NumPy {m.get('numpy')}, Numba {m.get('numba')} on "
+              f"{m.get('numba_threads')} threads "
+              f"(threading layer {m.get('numba_threading_layer')})",
+              f"- float32 matrix-product ceiling: {_sig(bench.get('ceiling_gflops'))} GFLOP/s",
+              f"- peers: {bench.get('peers_note') or 'none'}"
+              + (f"; pytorch-fast-transformers: {'yes' if peers.get('fast_transformers') else 'no'}"
+                 if peers else ""),
+              f"- thread settings in the benchmark's environment: "
+              f"{_settings(m.get('openblas_env'))}"]
+    cfg = bench.get("config", {})
+    if cfg:
+        lines.append(f"- shapes: {cfg.get('heads')} heads, D = {cfg.get('dim')}, "
+                     f"M = {cfg.get('value_dim')}, {cfg.get('dtype')}; batch x N = "
+                     f"{cfg.get('tokens')} tokens per call; head to head at N = "
+                     f"{cfg.get('compare_n')}, {cfg.get('rounds')} rounds")
+    return "\n".join(lines)
+
+
+def _settings(env):
+    if not env:
+        return "none recorded"
+    return ", ".join(f"`{k}={v}`" for k, v in sorted(env.items()))
+
+
+def _summary(bench):
+    if bench is None or not bench.get("summary"):
+        return "## Head to head\n\nNot in this run: `data/bench.json` has no summary."
+    rows = [[quantity, _sig(value)] for quantity, value in bench["summary"]]
+    return ("## Head to head\n\nThe benchmark's summary: ratios of two timings taken in turn "
+            "(the median over the rounds), and ratios to the machine's own yardsticks.\n\n"
+            + _table(["quantity", "measured"], rows))
+
+
+def _by_n(rows, key, scale, unit):
+    table = _pivot(rows, key, "n", scale)
+    ns = sorted({n for by_n in table.values() for n in by_n})
+    body = []
+    for name, by_n in table.items():
+        slope = fitted_slope(rows, name, key)
+        body.append([name] + [_sig(by_n.get(n)) for n in ns] + [_sig(slope, 2)])
+    return _table(["curve"] + [f"N = {n}" for n in ns] + ["slope"], body), unit
+
+
+def _time(figures_dir):
+    path = figures_dir / "time_vs_n.csv"
+    rows, meta = _csv(path)
+    if rows is None:
+        return _missing("Time against N", path)
+    fwd, _ = _by_n(rows, "seconds_fwd", 1e3, "ms")
+    both, _ = _by_n(rows, "seconds_fwdbwd", 1e3, "ms")
+    text = [f"## Time against N (`{path.name}`, {meta.get('date')})", "",
+            "Milliseconds per sample (a call's time over its batch; batch x N fixed), and the "
+            "log-log slope over the larger half of N. The figure: `figures/time_vs_n.png`.", "",
+            "Forward:", "", fwd, "", "Forward + backward:", "", both]
+    for slow in ("softmax (Numba, tiled)", "softmax (PyTorch SDPA)"):
+        if any(r["name"] == slow for r in rows):
+            n = crossover_n(rows, slow, "causal linear (Numba)")
+            where = f"from N = {n}" if n else "at no N measured"
+            text += ["", f"Causal linear attention (Numba) is faster than {slow}, forward + "
+                         f"backward per sample, {where}."]
+    return "\n".join(text)
+
+
+def _memory(figures_dir):
+    path = figures_dir / "memory_vs_n.csv"
+    rows, meta = _csv(path)
+    if rows is None:
+        return _missing("Peak memory", path)
+    table, _ = _by_n(rows, "peak_bytes", 1 / 2**20, "MiB")
+    return (f"## Peak memory (`{path.name}`, {meta.get('date')})\n\nMiB per sample beyond "
+            "the inputs during one forward + backward call. The figure: "
+            "`figures/memory_vs_n.png`.\n\n" + table)
+
+
+def _tokens(figures_dir):
+    path = figures_dir / "time_per_token.csv"
+    rows, meta = _csv(path)
+    if rows is None:
+        return _missing("One generated token", path)
+    table = _pivot(rows, "seconds_per_token", "position", 1e6)
+    names = list(table)
+    positions = sorted({p for by_p in table.values() for p in by_p})
+    body = [[p] + [_sig(table[name].get(p)) for name in names] for p in positions]
+    return (f"## One generated token (`{path.name}`, {meta.get('date')})\n\nMicroseconds for "
+            "one more token at each position (tokens already in the context). The figure: "
+            "`figures/time_per_token.png`.\n\n" + _table(["position"] + names, body))
+
+
+def _generation(figures_dir):
+    path = figures_dir / "generation_speed.csv"
+    rows, meta = _csv(path)
+    if rows is None:
+        return _missing("Generating images", path)
+    body = [[r["name"], r.get("library", "-"), r["batch"], _sig(r.get("seconds_per_image")),
+             _sig(r.get("images_per_s")), _sig(r.get("vs_rnn")),
+             "measured" if r.get("measured") in (True, "True") else "estimated"]
+            for r in rows]
+    return (f"## Generating images (`{path.name}`, {meta.get('date')})\n\n"
+            f"{meta.get('caption', '')}\n\nEach row generates whole images with "
+            "`linattn.model.generate` (the peer's with its own RNN); `vs RNN` is the row's "
+            "time over linattn's RNN at the same batch.\n\n"
+            + _table(["form", "library", "batch", "s / image", "images / s", "vs RNN", "how"],
+                     body, ["---", "---", "---:", "---:", "---:", "---:", "---"]))
+
+
+def _training_step(figures_dir):
+    path = figures_dir / "data" / "train_step.json"
+    result = _json(path)
+    title = "One training step against pytorch-fast-transformers"
+    if result is None:
+        return (f"## {title}\n\nNot in this run: `python -m linattn.lab.bench.train_step "
+                f"--peer-python PATH --out figures/data/train_step.json` writes it.")
+    body = [[r["batch"], _sig(r["ours_s"]), _sig(r.get("pft_s")), _sig(r.get("pft_over_ours"))]
+            for r in result["rows"]]
+    return (f"## {title} (`{path.name}`, {result['machine'].get('date')})\n\nThe copy-task "
+            f"model, N = {result['seq_len']}, {result['path']} path; ours: "
+            f"{result['threads']}; peer: {result['peer']}. Medians over {result['rounds']} "
+            f"rounds taken in turn.\n\n"
+            + _table(["batch", "linattn s / step", "pft s / step", "pft / linattn"], body))
+
+
+def _copy_task(figures_dir):
+    path = figures_dir / "copy_task_loss.csv"
+    rows, meta = _csv(path)
+    if rows is None:
+        return _missing("Copy task", path)
+    body = []
+    for name, by_step in _pivot(rows, "eval_loss", "step").items():
+        last = max(by_step)
+        body.append([name, last, _sig(by_step[last])])
+    return (f"## Copy task (`{path.name}`, {meta.get('date')})\n\nHeld-out loss, nats per "
+            "copied symbol, at the last evaluation of each attention's run (the paper's "
+            "figure 2, smaller). The figure: `figures/copy_task_loss.png`.\n\n"
+            + _table(["attention", "step", "held-out loss"], body))
+
+
+def _speech(figures_dir):
+    path = figures_dir / "speech_table.csv"
+    rows, meta = _csv(path)
+    if rows is None:
+        return _missing("Speech (synthetic)", path)
+    body = [[r["model"], r["n_params"], r["epochs"], _sig(r["test_per"]),
+             _sig(r.get("s_per_epoch"))] for r in rows]
+    return (f"## Speech, synthetic task (`{path.name}`, {meta.get('date')})\n\nThe paper's "
+            "Table 3 on a synthetic phoneme task (not WSJ; see `docs/speech.md`): test phoneme "
+            "error rate and the median seconds per training epoch; the last rows are trivial "
+            "outputs, for scale.\n\n"
+            + _table(["model", "parameters", "epochs", "test PER", "s / epoch"], body,
+                     ["---", "---:", "---:", "---:", "---:"]))
+
+
+THREADS_TEXT = """\
+A model alternates BLAS matrix products with Numba's parallel loops, and both keep a pool of
+threads. A thread that spins after its work holds a core the other pool needs, so the
+command-line entry points and the lab set three variables where the environment does not
+(`linattn.threads`; `import linattn` sets nothing; `python -m linattn.threads` prints them):
+
+{settings}
+
+- `OMP_WAIT_POLICY`: the compiled loops' OpenMP threads sleep when their loop ends instead
+  of spinning.
+- `GOMP_SPINCOUNT`: they first spin briefly, so that the many short loops of a generated
+  token do not each wake sleeping threads. A user who sets either OpenMP variable keeps both
+  as they are.
+- `OPENBLAS_THREAD_TIMEOUT`: OpenBLAS's threads stop spinning soon after a product instead
+  of after its long default. OpenBLAS reads it when NumPy loads it, which is why the entry
+  points relaunch themselves once with the settings in their environment.
+
+The benchmarks' peers run with the environment as the user had it
+(`linattn.threads.user_environment`). `python -m linattn.lab.bench.train_step` measures a
+training step with the settings (its table above, when the run has it)."""
+
+
+def _threads(bench):
+    settings = "\n".join(f"    {k}={v}" for k, v in threads.SETTINGS.items())
+    text = "## Thread settings\n\n" + THREADS_TEXT.format(settings=settings)
+    t = (bench or {}).get("threads")
+    if t and all(t.get(k) for k in ("one_s", "all_s", "blas_one_s", "blas_all_s")):
+        body = [["causal forward, heads = 1", _sig(t["one_s"] * 1e3), _sig(t["all_s"] * 1e3),
+                 _sig(t["one_s"] / t["all_s"])],
+                ["NumPy float32 matmul (the yardstick)", _sig(t["blas_one_s"] * 1e3),
+                 _sig(t["blas_all_s"] * 1e3), _sig(t["blas_one_s"] / t["blas_all_s"])]]
+        text += (f"\n\nOne thread against {t['threads']}, in turn, in this run "
+                 "(milliseconds, best of the calls):\n\n"
+                 + _table(["call", "1 thread", f"{t['threads']} threads", "speed-up"], body))
+    return text
+
+
+def _auto(figures_dir):
+    rule = dispatch.AUTO_METHOD["linear", "numba"]
+    widths = (16, 32, 64, 128)
+    body = []
+    for causal in (True, False):
+        longest = [max((n for n in range(1, 4097) if rule(causal, (n, d)) == "quadratic"),
+                       default=0) for d in widths]
+        body.append(["causal" if causal else "non-causal"] + [str(n) for n in longest])
+    text = ["## The Numba backend's method \"auto\"", "",
+            "On the Numba backend, `method=\"auto\"` computes short sequences as blocks of the "
+            "N x N kernel matrix (`\"quadratic\"`: matrix products, no state) and longer ones "
+            "in blocks of positions carrying the state (`\"chunked\"`); the crossover grows "
+            "with the width D. The rule in `linattn/dispatch.py` gives, for each D, the "
+            "longest N computed as the kernel matrix:", "",
+            _table(["", *(f"D = {d}" for d in widths)], body)]
+    path = figures_dir / "data" / "bench_crossover.csv"
+    if path.exists():
+        rows = read_csv(path)[0]
+        cells = [[r.get("case"), r.get("heads", "-"), r.get("width", "-"), r.get("n"),
+                  _sig(_ms(r.get("forward_best_s"))), _sig(_ms(r.get("forward_backward_best_s")))]
+                 for r in rows]
+        text += ["", "The blocks against the paper's running sums as plain compiled loops "
+                 f"(`{path.name}`; best times, ms), the comparison that makes the blocks the "
+                 "default for long sequences:", "",
+                 _table(["case", "heads", "D = M", "N", "forward", "forward + backward"],
+                        cells, ["---", "---:", "---:", "---:", "---:", "---:"])]
+    return "\n".join(text)
+
+
+def main(argv=None):
+    """``python -m linattn.lab.performance_page``: the page from the committed files."""
+    parser = argparse.ArgumentParser(prog="python -m linattn.lab.performance_page",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--figures", type=pathlib.Path, default=pathlib.Path("figures"),
+                        help="the folder make figures wrote (default: figures)")
+    parser.add_argument("--out", type=pathlib.Path, default=None,
+                        help="the page (default: docs/performance.md beside figures/)")
+    args = parser.parse_args(argv)
+    print(write_page(args.figures, args.out or page_path(args.figures)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
