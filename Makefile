@@ -3,12 +3,13 @@
 #                  re-executes the notebooks in place; PEER_PYTHON=/path/to/python (an
 #                  interpreter with torch and pytorch-fast-transformers) draws the peers too
 #   make test      the test suite
+#   make student   student/: the notebooks with the exercises unanswered, and their checks
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PEER_PYTHON ?=
 
-.PHONY: figures notebooks test
+.PHONY: figures notebooks test student
 
 $(VENV)/installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,3 +25,6 @@ notebooks: $(VENV)/installed
 
 test: $(VENV)/installed
 	$(PY) -m pytest -q
+
+student: $(VENV)/installed
+	$(PY) notebooks/student.py student
