@@ -4,12 +4,13 @@
 #                  interpreter with torch and pytorch-fast-transformers) draws the peers too
 #   make test      the test suite (the 15 slowest tests listed at the end)
 #   make lint      ruff over the package, the tests and the notebooks' Python files
+#   make student   student/: the notebooks with the exercises unanswered, and their checks
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PEER_PYTHON ?=
 
-.PHONY: figures notebooks test lint
+.PHONY: figures notebooks test lint student
 
 $(VENV)/installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,3 +33,6 @@ $(VENV)/lint-installed: $(VENV)/installed
 
 lint: $(VENV)/lint-installed
 	$(PY) -m ruff check linattn tests notebooks/checks notebooks/solutions
+
+student: $(VENV)/installed
+	$(PY) notebooks/student.py student

@@ -1,4 +1,4 @@
-"""The exercise solutions of notebooks 05-09 pass their checks, the checks reject wrong and
+"""The exercise solutions of notebooks 06-09 pass their checks, the checks reject wrong and
 unwritten answers, and notebook 09's helpers (running, chunked and compensated sums, the
 compensated step) compute what they say.
 
@@ -30,7 +30,7 @@ def unwritten(*args):
 
 # (module, exercise number) -> (the solution's arguments to check_exercise_N, a wrong answer)
 def _cases():
-    s05, s06 = load("05_gradients_by_hand"), load("06_feature_maps")
+    s06 = load("06_feature_maps")
     s07, s08 = load("07_training_a_linear_transformer"), load("08_gpu_kernels")
     s09 = load("09_numerical_stability")
 
@@ -39,12 +39,6 @@ def _cases():
             return dphi
 
     return {
-        ("05", 1): (s05, (s05.relu_vjp,), (lambda x, dphi: dphi,)),
-        ("05", 2): (s05, (s05.causal_softmax_backward,),
-                    (lambda dout, q, k, v: linattn.softmax_attention_backward(dout, q, k, v),)),
-        ("05", 3): (s05, (s05.linear_attention_backward_noncausal,),
-                    (lambda dout, q, k, v: linattn.linear_attention_backward(
-                        dout, q, k, v, causal=True),)),
         ("06", 1): (s06, (s06.elu_plus_one, s06.elu_plus_one_vjp),
                     (lambda x: np.maximum(x, 0) + 1, s06.elu_plus_one_vjp)),
         ("06", 2): (s06, (s06.taylor_features,),

@@ -1,7 +1,7 @@
-"""What every notebook's exercise checks share: run a student's answer, and say when it is
-not written yet (it still raises NotImplementedError, the notebook's starting point) instead
-of failing. The solution modules import it as ``from ._exercises import ...``; the notebooks
-and the tests import those as ``solutions.NN_name`` with ``notebooks/`` on the path."""
+"""What every notebook's exercise checks share: ``report`` runs a student's answer and says
+when it is not written yet (it still raises NotImplementedError, the notebook's starting
+point) instead of failing. The check modules import it as
+``from checks._exercises import report``; the convention is in ``checks/__init__.py``."""
 import pathlib
 
 
