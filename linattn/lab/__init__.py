@@ -7,6 +7,8 @@ library; nothing in the library imports it.
 - ``measure``: the rows of each figure (each function measures, the figures only draw).
 - ``figures``: rows -> PNG and CSV; ``python -m linattn.lab.figures`` regenerates
   ``figures/`` (``make figures``).
+- ``rounding``: the RNN state summed sequentially, in chunks and compensated (notebooks 09,
+  11).
 - ``speed``: generation speed at the paper's MNIST shape (Tables 1, 4 and 5).
 - ``gpu_check.sh``: the GPU tests, sanitizers and benchmark for a lent device.
 

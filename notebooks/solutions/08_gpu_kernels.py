@@ -1,25 +1,14 @@
-"""Exercise solutions and checks for notebook 08, the chunked scan of the CUDA kernels.
+"""Our answers to notebook 08's exercises, the chunked scan (the checks are in
+``checks/08_gpu_kernels.py``). The causal numerator is num_i = phi(q_i)^T S_i with
+S_i = sum_{j <= i} phi(k_j) v_j^T, Eq. (10) of Katharopoulos et al. (2020),
+arXiv:2006.16236; its gradients are Eq. (13)-(15).
 
-Katharopoulos et al. (2020), arXiv:2006.16236: causal linear attention, Eq. (9)-(12), and
-its gradients, Eq. (13)-(15), computed chunk by chunk as ``linattn/cuda/causal_product.cu``
-does. All in NumPy: no GPU is needed.
-
-1. ``reverse_exclusive_scan``: the state that enters chunk c from the right in the backward
-   pass, G_c = sum over later chunks c' > c.
-2. ``tile_by_threads``: one TILE x TILE product tile computed thread by thread, each thread
-   owning an r x r block of outputs.
-3. ``chunked_dv``: the gradient dV of the causal numerator, chunk by chunk, Eq. (15).
-
-Each ``check_exercise_N(fn)`` prints the verdict and returns True when fn is right (False
-while it raises NotImplementedError); a wrong answer fails an assertion.
+1. ``reverse_exclusive_scan``: G_c = sum over later chunks c' > c, step 2 of the backward.
+2. ``chunked_dq``: d phi(Q) = dout S^T, chunk by chunk: the state entering each chunk (the
+   forward exclusive scan) plus the chunk's own masked block.
+3. ``chunked_dv``: dV, chunk by chunk: the masked block A_c^T dout_c plus phi(K_c) G_c.
 """
 import numpy as np
-
-from linattn.forms import cumulative
-
-from checks._exercises import attempter
-
-_attempt = attempter(__file__)
 
 
 def reverse_exclusive_scan(x):
@@ -30,17 +19,20 @@ def reverse_exclusive_scan(x):
     return out
 
 
-def tile_by_threads(a, b, r):
-    """Exercise 2: a.T @ b for a, b (K, T), computed by (T / r)^2 threads, thread
-    t = (ty, tx) owning rows ty*r.. and columns tx*r.. of the T x T result."""
-    t_width = a.shape[1]
-    side = t_width // r                                  # threads per side
-    tile = np.zeros((t_width, t_width), dtype=np.result_type(a, b))
-    for t in range(side * side):
-        ty, tx = divmod(t, side)
-        rows, cols = slice(ty * r, ty * r + r), slice(tx * r, tx * r + r)
-        tile[rows, cols] = a[:, rows].T @ b[:, cols]     # this thread's registers
-    return tile
+def chunked_dq(dout, phi_k, v, chunk_size):
+    """Exercise 2: d phi(q_i) = S_i dout_i, shapes (N, M), (N, F), (N, M) -> (N, F).
+
+    For the rows of chunk c: dout_c S_c^T (the state entering the chunk) plus
+    tril(dout_c V_c^T) phi(K_c) (the chunk's own positions j <= i).
+    """
+    n = dout.shape[0]
+    dq = np.empty((n, phi_k.shape[1]))
+    state = np.zeros((phi_k.shape[1], v.shape[1]))      # S_c, the exclusive prefix
+    for s in range(0, n, chunk_size):
+        b = slice(s, s + chunk_size)
+        dq[b] = dout[b] @ state.T + np.tril(dout[b] @ v[b].T) @ phi_k[b]
+        state = state + phi_k[b].T @ v[b]
+    return dq
 
 
 def chunked_dv(dout, phi_q, phi_k, chunk_size):
@@ -59,44 +51,3 @@ def chunked_dv(dout, phi_q, phi_k, chunk_size):
         a = np.tril(phi_q[b] @ phi_k[b].T)               # (C, C): j <= i in the chunk
         dv[b] = a.T @ dout[b] + phi_k[b] @ later[c]
     return dv
-
-
-
-def check_exercise_1(fn):
-    """True when fn is the reverse exclusive prefix over chunks (axis 1)."""
-    x = np.random.default_rng(0).standard_normal((2, 5, 3, 2))
-    got = _attempt(1, fn, x)
-    if got is None:
-        return False
-    want = np.stack([x[:, c + 1:].sum(axis=1) for c in range(5)], axis=1)
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
-    print("exercise 1: right")
-    return True
-
-
-def check_exercise_2(fn):
-    """True when fn(a, b, r) equals a.T @ b for several thread layouts."""
-    rng = np.random.default_rng(1)
-    a, b = rng.standard_normal((2, 24, 16))
-    for r in (1, 2, 4, 8):
-        got = _attempt(2, fn, a, b, r)
-        if got is None:
-            return False
-        np.testing.assert_allclose(got, a.T @ b, rtol=1e-12, atol=1e-12)
-    print("exercise 2: right for 1 x 1 to 8 x 8 outputs per thread")
-    return True
-
-
-def check_exercise_3(fn):
-    """True when fn(dout, phi_q, phi_k, C) is the causal numerator's dV, for ragged N."""
-    rng = np.random.default_rng(2)
-    for n, c in ((10, 4), (8, 8), (13, 5), (1, 3)):
-        phi_q, phi_k = np.exp(rng.standard_normal((2, n, 3)))
-        v, dout = rng.standard_normal((2, n, 2))
-        got = _attempt(3, fn, dout, phi_q, phi_k, c)
-        if got is None:
-            return False
-        want = cumulative.product_backward(dout, phi_q, phi_k, v, causal=True)[2]
-        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
-    print("exercise 3: right, equals the running sums' dV for N = 1 to 13")
-    return True

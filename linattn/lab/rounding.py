@@ -1,8 +1,9 @@
-"""Helpers and exercise solutions for notebook 09, numerical stability.
+"""Rounding in the RNN state, measured: the helpers of notebook 09 (drift and compensated
+sums) and notebook 11 (float16).
 
 The RNN state of causal linear attention, Eq. (16)-(20) of Katharopoulos et al. (2020),
 arXiv:2006.16236, is two running sums, S_i = S_{i-1} + phi(k_i) v_i^T and
-z_i = z_{i-1} + phi(k_i). Here they are computed three ways, so the notebook can measure how
+z_i = z_{i-1} + phi(k_i). Here they are computed three ways, so a notebook can measure how
 far float32 drifts from float64 over 10^6 positions:
 
 - ``running_states``: the sums as the RNN adds them, one position after the other (np.cumsum
@@ -13,22 +14,15 @@ far float32 drifts from float64 over 10^6 positions:
   (compiled, no fastmath: fastmath would let the compiler cancel the compensation).
 
 ``kahan_step`` is one compensated RNN step, written from scratch in the layout of the
-library's Numba step (``linattn.numba_cpu.step``). These are the notebook's derivation; the
-library's own option, ``compensated=True`` of ``linattn.Recurrence`` and
-``linattn.linear_attention_step``, adds by the same four operations, and the notebook (and
-tests/test_solutions_05_09.py) check that its state is these helpers' bit for bit.
-
-Exercises: ``stable_softmax`` (1), ``float16_overflow_n`` (2), ``kahan_cumsum`` (3); each
-``check_exercise_N(fn)`` runs a student's function and says whether it is right.
+library's Numba step (``linattn.numba_cpu.step``). The library's own option,
+``compensated=True`` of ``linattn.Recurrence`` and ``linattn.linear_attention_step``, adds by
+the same four operations; notebook 09 and tests/test_lab_rounding.py check that its state is
+these helpers' bit for bit.
 """
 import numpy as np
 from numba import njit
 
-from linattn.numba_cpu.elu import phi_into
-
-from checks._exercises import attempter
-
-_attempt = attempter(__file__)
+from ..numba_cpu.elu import phi_into
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)          # 65504
 
@@ -167,71 +161,3 @@ def kahan_step(q_t, k_t, v_t, state):
     returns (out_t, new state). float32 or float64, C-contiguous; eps = 1e-6."""
     out, *state = _kahan_step(q_t, k_t, v_t, *state, v_t.dtype.type(1e-6))
     return out, tuple(state)
-
-
-# ---- exercises ---------------------------------------------------------------------------
-
-def stable_softmax(logits):
-    """Exercise 1: softmax over the last axis without overflow, by subtracting the row max."""
-    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def float16_overflow_n(mean_phi):
-    """Exercise 2: the first N at which z = N * mean_phi passes float16's largest value."""
-    return int(np.floor(FLOAT16_MAX / mean_phi)) + 1
-
-
-def kahan_cumsum(x):
-    """Exercise 3: the running sums of x (N,) in x's dtype, Kahan-compensated."""
-    out = np.empty_like(x)
-    total, lost = x.dtype.type(0), x.dtype.type(0)
-    for i, term in enumerate(x):
-        y = term - lost
-        t = total + y
-        lost = (t - total) - y
-        total = out[i] = t
-    return out
-
-
-
-def check_exercise_1(fn):
-    """True when fn is a softmax that stays finite for float32 logits near 1e4."""
-    rng = np.random.default_rng(1)
-    logits = (1e4 * rng.standard_normal((5, 7))).astype(np.float32)
-    got = _attempt(1, fn, logits)
-    if got is None:
-        return False
-    want = stable_softmax(logits.astype(np.float64))
-    assert np.all(np.isfinite(got)), "the softmax overflowed: subtract each row's maximum"
-    np.testing.assert_allclose(got, want, atol=1e-6)
-    print("exercise 1: right, finite at logits of 1e4 in float32")
-    return True
-
-
-def check_exercise_2(fn):
-    """True when fn(mean) gives the first N whose float16 running sum would overflow."""
-    got = _attempt(2, fn, 1.25)
-    if got is None:
-        return False
-    for mean in (0.5, 1.25, 3.0):
-        n = fn(mean)
-        assert n * mean > FLOAT16_MAX >= (n - 1) * mean, f"N = {n} is not the first for {mean}"
-    print("exercise 2: right")
-    return True
-
-
-def check_exercise_3(fn):
-    """True when fn is a compensated running sum, far closer to float64 than np.cumsum."""
-    x = np.random.default_rng(2).random(10**5).astype(np.float32)
-    got = _attempt(3, fn, x)
-    if got is None:
-        return False
-    want = np.cumsum(x.astype(np.float64))
-    plain = abs(float(np.cumsum(x)[-1]) - want[-1]) / want[-1]
-    error = abs(float(got[-1]) - want[-1]) / want[-1]
-    assert got.dtype == np.float32, "sum in the input's dtype, float32"
-    np.testing.assert_allclose(got, want, rtol=1e-6)
-    assert error < plain / 10, f"relative error {error:.1e}, np.cumsum's {plain:.1e}"
-    print(f"exercise 3: right, relative error {error:.1e} against np.cumsum's {plain:.1e}")
-    return True
