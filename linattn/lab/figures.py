@@ -436,7 +436,7 @@ def _speech(out, quick, caption, peer_python):
 
 
 def _generation(out, quick, caption, peer_python):
-    """Generating images at the paper's MNIST shape (``model.speed.speed_table``): each form
+    """Generating images at the paper's MNIST shape (``lab.speed.speed_table``): each form
     at batch 1 and 16, pft's RNN too when ``peer_python`` is given. Quick: a tiny model,
     N = 16, no peers."""
     from . import speed

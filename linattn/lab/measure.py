@@ -125,7 +125,7 @@ def copy_task_rows(out_dir, steps=1000, batch_size=32, eval_every=50, seed=0, le
 
 SPEECH_MODELS = ("bilstm", "softmax", "lsh", "linear")
 # the speech figure's settings: utterances of 10-30 phonemes (about 150 frames), 256 for
-# training, 40 epochs of batches of 16, the models of model.speech_train.DEFAULT_SPEECH
+# training, 40 epochs of batches of 16, the models of model.speech.train.DEFAULT_SPEECH
 SPEECH_TASK = dict(min_phonemes=10, max_phonemes=30, n_train=256, n_valid=64, n_test=100)
 SPEECH_EPOCHS = 40
 

@@ -8,7 +8,7 @@
 ``train`` writes ``checkpoint.npz`` and ``log.csv`` (the loss curve) to ``--out``; the
 checkpoint's ``meta`` records the task, so ``generate`` knows what to write: a PNG grid of
 digits (matplotlib, imported only then) or copy-task continuations with their accuracy.
-``train speech`` trains a CTC model on a SYNTHETIC stand-in for WSJ (``speech_task``).
+``train speech`` trains a CTC model on a SYNTHETIC stand-in for WSJ (``speech.task``).
 """
 import argparse
 import os

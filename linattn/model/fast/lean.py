@@ -3,7 +3,7 @@
 arXiv:2006.16236, pre-norm), computed with fewer passes over memory.
 
     h1 = LN(x)                                  ``fused.layer_norm``, xhat and rstd kept
-    a  = A(h1) without b_O                      ``attention.attention_fused``: QKV one product
+    a  = A(h1) without b_O                      ``fast.attention.attention_fused``: QKV one product
     x' = x + a + b_O,  h2 = LN(x')              ``fused.add_layer_norm``: one pass
     u  = h2 W1 + b1,   g = act(u)               ``fused.bias_gelu``: u and g kept
     y  = x' + g W2 + b2

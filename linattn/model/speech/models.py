@@ -1,7 +1,7 @@
 """The models of the speech experiment, section 4.3 and Table 3 of Katharopoulos et al.
 (2020), arXiv:2006.16236: a bidirectional LSTM or a non-causal transformer encoder (softmax,
 linear, or LSH attention once ``attention.attend`` knows it) scoring every frame, trained
-with CTC. Here they run on a SYNTHETIC stand-in for WSJ (``speech_task``), not on speech.
+with CTC. Here they run on a SYNTHETIC stand-in for WSJ (``speech.task``), not on speech.
 
 One config, ``SpeechConfig``, names the model and all sizes; ``forward``/``backward`` and
 ``loss_and_grads`` dispatch on ``cfg.model`` to ``lstm`` or ``encoder``. The loss is the CTC
@@ -161,7 +161,7 @@ def loss_and_grads(params, cfg, batch):
     Parameters
     ----------
     params : dict, cfg : SpeechConfig
-    batch : ``speech_task.Batch`` (features, input_lengths, labels, label_lengths)
+    batch : ``task.Batch`` (features, input_lengths, labels, label_lengths)
 
     Returns
     -------

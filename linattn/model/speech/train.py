@@ -1,5 +1,5 @@
 """Training for the speech experiment, section 4.3 and Table 3 of Katharopoulos et al. (2020),
-arXiv:2006.16236, on the SYNTHETIC stand-in for WSJ of ``speech_task`` (not speech: its
+arXiv:2006.16236, on the SYNTHETIC stand-in for WSJ of ``speech.task`` (not speech: its
 error rates are not comparable with the paper's).
 
 An epoch is one pass over the training split in length-sorted batches (``epoch_batches``);
