@@ -14,7 +14,6 @@ import sys
 import numpy as np
 import pytest
 
-import linattn
 
 NOTEBOOKS = pathlib.Path(__file__).resolve().parents[1] / "notebooks"
 STEMS = {"06": "06_feature_maps", "07": "07_training_a_linear_transformer",

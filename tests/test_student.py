@@ -3,7 +3,6 @@ outputs cleared and checks/, without solutions/; every notebook of it runs from 
 kernel, and every exercise cell says "not attempted yet"."""
 import importlib.util
 import pathlib
-import sys
 
 import pytest
 
