@@ -105,6 +105,13 @@ def new_file(text):
     return text
 
 
+def output_file(text):
+    """A path to write, whose missing folders are created: not a directory itself."""
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"must be a file to write, got {text!r}, a directory")
+    return text
+
+
 def out_dir(text):
     """A directory to write into: it may not exist yet, but it is not a file."""
     if os.path.exists(text) and not os.path.isdir(text):
