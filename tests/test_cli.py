@@ -162,7 +162,7 @@ def test_the_checks_do_not_refuse_good_values(user_dir):
     """A test that cannot fail is a defect: the parsers accept what they should (parse
     only; nothing is trained)."""
     from linattn.lab.bench import parse
-    cfg = parse(["--quick", "--no-peers", "--batch", "2", "--pause", "0", "--out", "bench"])
+    cfg = parse(["--no-peers", "--batch", "2", "--pause", "0", "--out", "bench"])
     assert cfg.batch == 2 and cfg.pause == 0.0 and cfg.no_peers
     assert train_step.parse(["--no-peers", "--rounds", "1"]).rounds == 1
 

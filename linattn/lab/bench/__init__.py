@@ -65,14 +65,15 @@ def parse(argv):
     p.add_argument("--cases", nargs="+", default=list(cases.SCALING), choices=list(cases.CASES),
                    help="the scaling cases")
     peers_group = p.add_mutually_exclusive_group()
-    peers_group.add_argument("--peer-python", type=executable, default=sys.executable,
+    peers_group.add_argument("--peer-python", type=executable, default=None,
                              help="interpreter with torch (and pytorch-fast-transformers) for "
-                                  "the peers")
+                                  "the peers (default: this one)")
     peers_group.add_argument("--no-peers", action="store_true")
     p.add_argument("--widths", type=positive_int, nargs="*", default=[16, 32, 64, 128, 256],
                    help="D = M of the crossover (none: skip it)")
     p.add_argument("--no-progress", action="store_true")
     cfg = p.parse_args(argv)
+    cfg.peer_python = cfg.peer_python or sys.executable
     if cfg.min_n > cfg.max_n:
         p.error(f"argument --min-n: must be at most --max-n ({cfg.max_n}), got {cfg.min_n}")
     if cfg.quick:

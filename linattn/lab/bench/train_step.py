@@ -46,8 +46,9 @@ def parse(argv):
     p = Parser(prog="python -m linattn.lab.bench.train_step",
                description=__doc__.split("\n")[0])
     peers = p.add_mutually_exclusive_group()
-    peers.add_argument("--peer-python", type=executable, default=sys.executable,
-                       help="interpreter with torch and pytorch-fast-transformers")
+    peers.add_argument("--peer-python", type=executable, default=None,
+                       help="interpreter with torch and pytorch-fast-transformers (default: "
+                            "this one)")
     peers.add_argument("--no-peers", action="store_true")
     p.add_argument("--batch", type=positive_int, nargs="+", default=[16, 64])
     p.add_argument("--rounds", type=positive_int, default=5)
@@ -63,6 +64,7 @@ def parse(argv):
                        help="model size (the paper's copy task by default)")
     p.add_argument("--out", type=new_file, help="also write every number to this JSON file")
     cfg = p.parse_args(argv)
+    cfg.peer_python = cfg.peer_python or sys.executable
     return cfg
 
 
