@@ -10,12 +10,13 @@ from .linear import linear_attention, linear_attention_backward, linear_attentio
 from .recurrence import Recurrence
 from .lsh import lsh_attention, lsh_attention_backward, lsh_attention_mask
 from .softmax import softmax_attention, softmax_attention_backward
+from .warmup import warmup
 
 __all__ = [
     "softmax_attention", "softmax_attention_backward",
     "linear_attention", "linear_attention_backward", "linear_attention_step", "State",
     "Recurrence", "CompensatedState",
     "lsh_attention", "lsh_attention_backward", "lsh_attention_mask",
-    "EluPlusOne", "ReLU", "Taylor", "Favor",
+    "EluPlusOne", "ReLU", "Taylor", "Favor", "warmup",
 ]
 __version__ = "0.1.0"

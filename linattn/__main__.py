@@ -5,9 +5,10 @@ The library's commands (``train``, ``generate``, ``warmup``) and the lab's (``be
 commands runs. Before any work the process is relaunched once with the thread settings of
 ``linattn.threads`` in its environment (OpenBLAS reads them only when it loads).
 """
-import argparse
 import importlib
 import sys
+
+from ._cli_types import Parser
 
 # command: (module, function, one line of help)
 COMMANDS = {
@@ -15,6 +16,8 @@ COMMANDS = {
               "train a model: copy, digits or speech (python -m linattn train --help)"),
     "generate": ("linattn.model.cli", "generate_main",
                  "generate from a trained checkpoint"),
+    "warmup": ("linattn.warmup", "main",
+               "compile the common Numba kernels now (once per machine: about a minute)"),
     "bench": ("linattn.lab.bench", "main",
               "the lab: time and memory against N, head to head with the peers"),
     "figures": ("linattn.lab.figures", "main",
@@ -25,7 +28,7 @@ COMMANDS = {
 
 
 def _parser():
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         prog="python -m linattn",
         description="Transformers are RNNs, in NumPy: train and generate with the model, "
                     "or measure it (the lab's commands).",

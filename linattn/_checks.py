@@ -63,6 +63,7 @@ def check_qkv(q, k, v, dout=None, *, causal=False):
     out_dtype : numpy.dtype
         The dtype results are returned in (the inputs' common dtype).
     """
+    check_flag("causal", causal)
     names = ("q", "k", "v", "dout")[: 3 if dout is None else 4]
     raw = (q, k, v) if dout is None else (q, k, v, dout)
     arrays = [as_float_array(n, a) for n, a in zip(names, raw)]
@@ -180,8 +181,15 @@ def check_state(state, s_shape, dtype, xp, compensated=False, name="state"):
                         f"{', '.join(type(a).__name__ for a in arrays)}")
     if any(a.shape != shape for a, shape in zip(arrays, shapes)):
         got = ", ".join(f"{n} {a.shape}" for n, a in zip(names, arrays))
+        lead, state_lead = s_shape[:-2], arrays[0].shape[:-2]
+        hint = ""
+        if len(lead) == len(state_lead) + 1 and lead[:-1] == state_lead:
+            hint = (f"; q_t, k_t and v_t have one leading axis more than the state, as a "
+                    f"whole sequence (..., N, D) would: a step takes one position, shape "
+                    f"(..., D) with the state's leading axes {state_lead}; step through the "
+                    f"positions one at a time, or call linear_attention(..., causal=True)")
         raise ValueError(f"{name} must be {expected} for these inputs and feature map, got "
-                         f"{got}")
+                         f"{got}{hint}")
     return tuple(a.astype(dtype, copy=False) for a in arrays)
 
 
@@ -193,8 +201,9 @@ def rows(x):
 
 # --- LSH (Reformer) attention ------------------------------------------------------------
 
-def _count(name, value, smallest):
-    """``value`` if it is an int >= ``smallest`` (not a bool), else a TypeError/ValueError."""
+def check_count(name, value, smallest):
+    """``value`` as an int if it is an integer >= ``smallest`` (Python or NumPy; a bool or a
+    float, even 2.0, is a TypeError), else a ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an integer, got {value!r}")
     if value < smallest:
@@ -227,14 +236,13 @@ def check_lsh(qk, v=None, dout=None, *, n_hashes, chunk_size, n_buckets, causal,
         raise ValueError(f"dout must have the output's shape (..., N, M): {shapes}")
     if arrays[0].shape[-1] == 0:
         raise ValueError(f"qk needs at least one feature (D >= 1): {shapes}")
-    _count("n_hashes", n_hashes, 1)
-    _count("chunk_size", chunk_size, 1)
-    if n_buckets is not None and _count("n_buckets", n_buckets, 2) % 2:
+    check_count("n_hashes", n_hashes, 1)
+    check_count("chunk_size", chunk_size, 1)
+    if n_buckets is not None and check_count("n_buckets", n_buckets, 2) % 2:
         raise ValueError(f"n_buckets must be even (the hash takes the argmax of [xR, -xR]), "
                          f"got {n_buckets}")
-    _count("seed", seed, 0)
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+    check_count("seed", seed, 0)
+    check_flag("causal", causal)
     return _in_compute_dtype(tuple(arrays))
 
 
@@ -267,8 +275,8 @@ def check_recurrence(lead_shape, d, m, dtype):
     if not isinstance(lead_shape, (tuple, list)):
         raise TypeError(f"lead_shape must be a tuple of integers (() for a single sequence), "
                         f"got {lead_shape!r}")
-    lead = tuple(_count("lead_shape entry", n, 0) for n in lead_shape)
-    d, m = _count("d", d, 1), _count("m", m, 0)
+    lead = tuple(check_count("lead_shape entry", n, 0) for n in lead_shape)
+    d, m = check_count("d", d, 1), check_count("m", m, 0)
     try:
         dtype = np.dtype(dtype)
     except TypeError as err:
@@ -295,8 +303,13 @@ def check_recurrence_step(q_t, k_t, v_t, qk_shape, v_shape, dtype, xp):
             raise TypeError(f"{name} must have dtype {dtype} like this Recurrence's state, got "
                             f"{x.dtype}; convert it with {name}.astype({dtype.name})")
         if x.shape != shape:
+            hint = ""
+            if x.ndim == len(shape) + 1 and x.shape[:-2] + x.shape[-1:] == shape:
+                hint = (f"; it looks like a whole sequence of {x.shape[-2]} positions: a step "
+                        f"takes one position, so pass {name}[..., i, :] for i = 0, 1, ... in "
+                        f"turn (or call linear_attention(..., causal=True) on the sequence)")
             raise ValueError(f"{name} must have shape {shape} (lead_shape + ({shape[-1]},)), "
-                             f"got {x.shape}")
+                             f"got {x.shape}{hint}")
         arrays.append(xp.asarray(x))
     return tuple(arrays)
 

@@ -13,7 +13,7 @@ CuPy arrays alike (they only use array methods and ``xp = numpy or cupy``).
 """
 import numpy as np
 
-from ._checks import array_module, check_choice
+from ._checks import array_module, check_choice, check_count
 
 
 class EluPlusOne:
@@ -93,10 +93,8 @@ class Favor:
     """
 
     def __init__(self, n_features=64, seed=0):
-        if int(n_features) < 1:
-            raise ValueError(f"n_features must be a positive integer, got {n_features!r}")
-        self.n_features = int(n_features)
-        self.seed = int(seed)
+        self.n_features = check_count("n_features", n_features, 1)
+        self.seed = check_count("seed", seed, 0)
 
     def directions(self, d):
         """The random directions as a float64 NumPy array of shape (D, F)."""

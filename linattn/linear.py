@@ -207,6 +207,12 @@ def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps
     ----------
     q_t, k_t : ndarray, shape (..., D)
     v_t : ndarray, shape (..., M)
+        One position of every sequence. The leading axes (batch, heads, ...) are the
+        state's: with a state, q_t.shape[:-1] must equal S.shape[:-2], and an input with one
+        axis more, as a whole sequence (..., N, D) has, is refused with a hint. Without a
+        state any leading axes start new sequences, one per index: a sequence (B, N, D)
+        would be read as B x N sequences of one token, so step through its positions, or
+        call ``linear_attention(..., causal=True)`` for all of them at once.
     state : State, CompensatedState or None
         (S (..., F, M), z (..., F)) after the previous positions; None starts from zeros.
         With ``compensated``, a CompensatedState (S, z, S_c, z_c) as a compensated step

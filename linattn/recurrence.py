@@ -51,9 +51,10 @@ class Recurrence:
     Attributes
     ----------
     lead_shape, d, m, feature_width (F), dtype, compensated
-        As given (F as found); read them, do not set them.
+        As given (F as found). Read-only: the state was allocated for them, so setting one
+        is an AttributeError; build a new Recurrence for other sizes.
     backend : str
-        The backend "auto" resolved to.
+        The backend "auto" resolved to (read-only).
 
     Raises
     ------
@@ -74,26 +75,43 @@ class Recurrence:
     step and leading index.
     """
 
+    # every attribute, all private: no new ones, and the public ones are read-only properties
+    __slots__ = ("_lead_shape", "_d", "_m", "_feature_width", "_dtype", "_compensated",
+                 "_backend", "_phi", "_fused", "_step_into", "_xp", "_eps", "_qk_shape",
+                 "_v_shape", "_state")
+
     def __init__(self, lead_shape, d, m, *, feature_map="elu+1", eps=1e-6, dtype="float32",
                  backend="auto", compensated=False, initial_state=None):
         lead, d, m, dtype = _checks.check_recurrence(lead_shape, d, m, dtype)
         eps = _checks.check_eps(eps)
-        self.compensated = _checks.check_flag("compensated", compensated)
+        self._compensated = _checks.check_flag("compensated", compensated)
         self._phi = get_feature_map(feature_map)
         xp = _checks.backend_array_module(backend)
-        kernel, self.backend = dispatch.kernel("step", "auto", backend, xp)
+        kernel, self._backend = dispatch.kernel("step", "auto", backend, xp)
         self._fused = dispatch.fuses(kernel, self._phi)
-        self._step_into = (kernel.step_into_compensated if self.compensated
+        self._step_into = (kernel.step_into_compensated if self._compensated
                            else kernel.step_into)     # (phi_q, phi_k, v, *state, out, eps)
         f = self._phi.forward(xp.zeros((1, d), dtype=dtype)).shape[-1]
-        self.lead_shape, self.d, self.m, self.feature_width, self.dtype = lead, d, m, f, dtype
+        self._lead_shape, self._d, self._m, self._feature_width = lead, d, m, f
+        self._dtype = dtype
         self._xp, self._eps = xp, dtype.type(eps)         # eps in the state's dtype
         self._qk_shape, self._v_shape = (*lead, d), (*lead, m)
-        self._state = zero_state(lead, f, m, dtype, xp, self.compensated)
+        self._state = zero_state(lead, f, m, dtype, xp, self._compensated)
         start = _checks.check_state(initial_state, (*lead, f, m), dtype, xp, self.compensated,
                                     name="initial_state")
         for a, given in zip(self._state, start or ()):
             a[...] = given                       # a copy: the Recurrence owns its state
+
+    lead_shape = property(lambda self: self._lead_shape,
+                          doc="The leading axes of every input, a tuple of int.")
+    d = property(lambda self: self._d, doc="D, the width of queries and keys.")
+    m = property(lambda self: self._m, doc="M, the width of values.")
+    feature_width = property(lambda self: self._feature_width,
+                             doc="F, the width of phi(q) and phi(k).")
+    dtype = property(lambda self: self._dtype, doc="The dtype of inputs, state and outputs.")
+    compensated = property(lambda self: self._compensated,
+                           doc="Whether the state is added by Kahan's compensated summation.")
+    backend = property(lambda self: self._backend, doc="The backend that computes a step.")
 
     def step(self, q_t, k_t, v_t):
         """One token: update the state in place, Eq. (18)-(19), and read it out, Eq. (20).
@@ -109,19 +127,20 @@ class Recurrence:
         out_t : ndarray, shape (*lead_shape, M)
             A new array: phi(q_t)^T S_t / (phi(q_t)^T z_t + eps).
 
-        Raises TypeError (array type, dtype) or ValueError (shape) before the state is
-        touched. Cost: O(F M) per leading index, one pass over the state (two, compensated).
+        Raises TypeError (array type, dtype) or ValueError (shape; a whole sequence
+        (*lead_shape, N, D) is named as one) before the state is touched. Cost: O(F M) per leading index, one pass over the state (two, compensated).
         """
+        dtype = self._dtype
         if (type(q_t) is not self._xp.ndarray or type(k_t) is not self._xp.ndarray
-                or type(v_t) is not self._xp.ndarray or q_t.dtype is not self.dtype
-                or k_t.dtype is not self.dtype or v_t.dtype is not self.dtype
+                or type(v_t) is not self._xp.ndarray or q_t.dtype is not dtype
+                or k_t.dtype is not dtype or v_t.dtype is not dtype
                 or q_t.shape != self._qk_shape or k_t.shape != self._qk_shape
                 or v_t.shape != self._v_shape):
             # the few comparisons above are all a step checks; this names what differs, or
             # lets through what only looked different (an equal dtype object, a subclass)
             q_t, k_t, v_t = _checks.check_recurrence_step(q_t, k_t, v_t, self._qk_shape,
-                                                          self._v_shape, self.dtype, self._xp)
-        out = self._xp.empty(self._v_shape, self.dtype)
+                                                          self._v_shape, dtype, self._xp)
+        out = self._xp.empty(self._v_shape, dtype)
         if self._fused:                  # raw q_t and k_t: the kernel applies elu+1
             self._step_into(q_t, k_t, v_t, *self._state, out, self._eps, True)
         else:
@@ -135,7 +154,7 @@ class Recurrence:
         compensated; S (*lead_shape, F, M), z (*lead_shape, F). A snapshot: later steps do
         not change it, and changing it does not change the Recurrence. Passing it to
         ``linear_attention_step`` (with the same ``compensated``) continues the sequence."""
-        kind = CompensatedState if self.compensated else State
+        kind = CompensatedState if self._compensated else State
         return kind(*(a.copy() for a in self._state))
 
     def reset(self):

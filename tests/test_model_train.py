@@ -87,14 +87,16 @@ def test_command_line_digits_png(tmp_path, capsys):
     assert "bits/dim" in capsys.readouterr().err
 
 
-def test_resume_of_another_model_is_refused(tmp_path):
+def test_resume_of_another_model_is_refused(tmp_path, capsys):
     out = tmp_path / "run"
     base = ["train", "copy", "--length", "3", "--d-model", "8", "--n-layers", "1",
             "--n-heads", "2", "--d-mlp", "16", "--steps", "1", "--out", str(out), "--quiet"]
     assert main(base) == 0
-    from linattn.model.checkpoint import CheckpointError
-    with pytest.raises(CheckpointError, match="d_model"):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:          # one line naming the field, exit 2
         main(base[:4] + ["--d-model", "16"] + base[6:] + ["--resume"])
+    assert info.value.code == 2
+    assert "d_model 8 (checkpoint) vs 16 (options)" in capsys.readouterr().err
 
 
 def test_resume_needs_an_output_directory():

@@ -27,7 +27,6 @@ matter least. Rows with a ``library`` other than linattn (the peers) are drawn d
 legends sit below the axes, and a caption names the machine. matplotlib is imported inside
 the functions (it is an extra) and draws with Agg.
 """
-import argparse
 import csv
 import datetime
 import math
@@ -42,6 +41,7 @@ import time
 import numpy as np
 
 from . import measure
+from .._cli_types import Parser, executable, out_dir
 
 FEATURE_MAP_COLUMNS = ("name", "n_features", "seed", "scale", "kernel_error", "output_error")
 TIME_COLUMNS = ("name", "n", "seconds_fwd", "seconds_fwdbwd")
@@ -416,6 +416,8 @@ def _benchmark(out, quick, caption, peer_python):
                              title=f"Generating one token: 8 heads, D = M = 64, "
                                    f"{meta['dtype']}"))
     for slow in ("softmax (Numba, tiled)", "softmax (PyTorch SDPA)"):
+        if not any(r["name"] == slow for r in scaling):
+            continue                      # a peer that did not run: nothing to compare
         n = measure.crossover_n(scaling, slow, "causal linear (Numba)")
         print(f"\n  causal linear (Numba) faster than {slow}, fwd + bwd per sample: "
               f"{'from N = ' + str(n) if n else 'not on the N measured'}", end="")
@@ -465,13 +467,14 @@ FIGURES = [("time_vs_n, memory_vs_n, time_per_token", _benchmark),
 
 def main(argv=None):
     """``python -m linattn.lab.figures [--quick] [--out DIR]``: regenerate every figure."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m linattn figures",
         description="Measure afresh and write each figure as a PNG with a CSV beside it.")
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("figures"),
+    parser.add_argument("--out", type=lambda text: pathlib.Path(out_dir(text)),
+                        default=pathlib.Path("figures"),
                         help="output folder (default: figures)")
-    parser.add_argument("--peer-python", default=None,
+    parser.add_argument("--peer-python", type=executable, default=None,
                         help="an interpreter with torch and pytorch-fast-transformers: the "
                              "time and memory figures then draw them as dashed lines")
     args = parser.parse_args(argv)

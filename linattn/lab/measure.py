@@ -189,6 +189,11 @@ FIGURE1 = dict(min_n=2**9, max_n=2**16, tokens=2**16)
 FIGURE1_BUDGET = 15.0
 
 
+# what the captions and the output say when no peer ran because none was asked for
+NO_PEERS = ("none ran (add them with --peer-python PATH, or make figures PEER_PYTHON=PATH: "
+            "an interpreter with torch and pytorch-fast-transformers)")
+
+
 def benchmark_rows(out_dir, quick=False, peer_python=None, budget=FIGURE1_BUDGET):
     """Run ``python -m linattn.lab.bench`` once into ``out_dir`` (bench.json, bench_*.csv,
     bench.txt) on the cases of ``BENCH_NAMES``, as the paper's Figure 1 ran: 8 heads,
@@ -228,7 +233,8 @@ def benchmark_rows(out_dir, quick=False, peer_python=None, budget=FIGURE1_BUDGET
                "seconds_per_token": r["seconds_per_token"]} for r in results["generation"]]
     return scaling, tokens, {"machine": machine_caption(results["machine"]),
                              "dtype": results["config"]["dtype"], "budget": budget,
-                             "peers": results.get("peers_note") or "none"}
+                             "peers": (results.get("peers_note") or "none ran")
+                             if peer_python else NO_PEERS}
 
 
 def _name(case):

@@ -20,7 +20,6 @@ form calls ``generate``; the three rows differ only in ``method``:
 
 Timing only; correctness is in the tests. Both sides run on ``THREADS`` threads.
 """
-import argparse
 import contextlib
 import json
 import os
@@ -29,6 +28,7 @@ import sys
 
 import numpy as np
 
+from .._cli_types import Parser, executable, output_file, positive_float, positive_int
 from ..threads import user_environment
 from ..model.fast import token_loop
 from ..model.config import ModelConfig
@@ -208,7 +208,8 @@ def speed_table(batches=(1, 16), rounds=3, peer_python=None, budget_s=60.0, shap
                     rows.append(_row(FLOOR_NAME, "linattn", batch,
                                      products_seconds(params, cfg, batch, n, rounds), True,
                                      n, cfg.dtype))
-    peers, peer_note = {}, "none (no --peer-python)"
+    peers, peer_note = {}, ("none ran (add them with --peer-python PATH, an interpreter "
+                            "with torch and pytorch-fast-transformers)")
     if peer_python:
         peers, peer_note = peer_seconds(peer_python, shape, batches, n, rounds, threads)
     for batch, seconds in sorted(peers.items()):
@@ -253,22 +254,19 @@ def format_table(rows, meta):
 def main(argv=None):
     """``python -m linattn speed``: images per second of the generation forms at the paper's
     MNIST shape (``speed_table``), printed as a table; ``--csv`` writes its rows."""
-    ap = argparse.ArgumentParser(prog="python -m linattn speed",
-                                 description="Generation speed at the paper's MNIST shape "
-                                             "(8 layers, 8 heads, d_model 256, N = 784): the "
-                                             "RNN form against softmax forms and, with "
-                                             "--peer-python, pytorch-fast-transformers.")
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16],
+    ap = Parser(prog="python -m linattn speed",
+                description="Generation speed at the paper's MNIST shape (8 layers, 8 heads, "
+                            "d_model 256, N = 784): the RNN form against softmax forms and, "
+                            "with --peer-python, pytorch-fast-transformers.")
+    ap.add_argument("--batch", type=positive_int, nargs="+", default=[1, 16],
                     help="images generated together (default: 1 16)")
-    ap.add_argument("--rounds", type=int, default=3, help="timed generations per row")
-    ap.add_argument("--peer-python", default=None,
+    ap.add_argument("--rounds", type=positive_int, default=3, help="timed generations per row")
+    ap.add_argument("--peer-python", type=executable, default=None,
                     help="an interpreter with torch and pytorch-fast-transformers")
-    ap.add_argument("--budget", type=float, default=60.0,
+    ap.add_argument("--budget", type=positive_float, default=60.0,
                     help="seconds: recomputing the prefix is estimated past this")
-    ap.add_argument("--csv", help="also write the rows to this CSV file")
+    ap.add_argument("--csv", type=output_file, help="also write the rows to this CSV file")
     args = ap.parse_args(argv)
-    if min(args.batch) < 1 or args.rounds < 1:
-        ap.error("--batch and --rounds must be positive")
     rows, meta = speed_table(args.batch, args.rounds, args.peer_python, args.budget)
     print(format_table(rows, meta), end="")
     if args.csv:

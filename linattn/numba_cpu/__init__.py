@@ -20,6 +20,9 @@ validate once and ``linattn.dispatch`` picks a module here.
 
 All take ``elu=True`` to apply the paper's feature map, elu+1 (Eq. 7), themselves, to raw q
 and k; the unfused path (NumPy feature map, then the kernel) is what the tests compare to.
+- ``compile_notice``  the line on stderr while a kernel compiles for the first time (a
+                cold disk cache); registered when this package is first imported.
+
 Policies: ``@njit(cache=True)`` everywhere, so a second process loads the compiled code
 instead of compiling; no ``fastmath`` (NaN and inf propagate as in NumPy); float32 stays
 float32 inside the loops; parallel over the flattened batch x heads and, when they do not
@@ -36,3 +39,6 @@ The compiled loops' OpenMP threads spin briefly and then sleep, and OpenBLAS's t
 shorter while after a product than their default, when the entry points apply the settings of
 ``linattn.threads`` (never at import); ``docs/performance.md`` explains them.
 """
+from .compile_notice import listen as _listen
+
+_listen()   # one line on stderr while a kernel compiles for the first time (compile_notice)

@@ -22,7 +22,6 @@ arXiv:2006.16236, sections 3.3-3.4 and Fig. 1). One run measures:
 Writes ``bench.json`` (machine, configuration, every number), ``bench_*.csv`` and a readable
 ``bench.txt`` into ``--out``; ``--quick`` finishes in well under a minute.
 """
-import argparse
 import json
 import os
 import subprocess
@@ -32,47 +31,51 @@ import numpy as np
 from tqdm import tqdm
 
 from . import cases, report, timing
+from ..._cli_types import (Parser, executable, non_negative_float, out_dir, positive_float,
+                          positive_int)
 from ...threads import user_environment
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(prog="python -m linattn.lab.bench",
-                                description=__doc__.split("\n")[0])
+    p = Parser(prog="python -m linattn bench", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes, under a minute")
-    p.add_argument("--out", default=os.path.join("figures", "data"), help="output directory")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--dim", type=int, default=64, help="D, query/key width")
-    p.add_argument("--value-dim", type=int, default=64, help="M, value width")
+    p.add_argument("--out", type=out_dir, default=os.path.join("figures", "data"),
+                   help="output directory")
+    p.add_argument("--batch", type=positive_int, default=1)
+    p.add_argument("--heads", type=positive_int, default=8)
+    p.add_argument("--dim", type=positive_int, default=64, help="D, query/key width")
+    p.add_argument("--value-dim", type=positive_int, default=64, help="M, value width")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    p.add_argument("--min-n", type=int, default=128, help="smallest N (a power of two)")
-    p.add_argument("--max-n", type=int, default=65536, help="largest N (a power of two)")
-    p.add_argument("--tokens", type=int, default=None,
+    p.add_argument("--min-n", type=positive_int, default=128, help="smallest N (a power of two)")
+    p.add_argument("--max-n", type=positive_int, default=65536,
+                   help="largest N (a power of two)")
+    p.add_argument("--tokens", type=positive_int, default=None,
                    help="keep batch x N at TOKENS, batch = max(1, TOKENS // N), as the "
                         "paper's Figure 1 does (default: --batch at every N)")
-    p.add_argument("--compare-n", type=int, default=4096,
+    p.add_argument("--compare-n", type=positive_int, default=4096,
                    help="N of the head-to-head rounds and the summary")
-    p.add_argument("--cross-n", type=int, default=4096, help="N of the crossover")
-    p.add_argument("--gen-positions", type=int, default=16384)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--rounds", type=int, default=7, help="rounds of the head-to-head (>= 1)")
-    p.add_argument("--budget", type=float, default=30.0,
+    p.add_argument("--cross-n", type=positive_int, default=4096, help="N of the crossover")
+    p.add_argument("--gen-positions", type=positive_int, default=16384)
+    p.add_argument("--repeats", type=positive_int, default=5)
+    p.add_argument("--rounds", type=positive_int, default=7, help="rounds of the head-to-head")
+    p.add_argument("--budget", type=positive_float, default=30.0,
                    help="seconds; a case stops growing N past one fwd+bwd this slow")
-    p.add_argument("--pause", type=float, default=0.25,
+    p.add_argument("--pause", type=non_negative_float, default=0.25,
                    help="seconds of rest before each case, for idle threads to sleep")
     p.add_argument("--cases", nargs="+", default=list(cases.SCALING), choices=list(cases.CASES),
                    help="the scaling cases")
-    p.add_argument("--peer-python", default=sys.executable,
-                   help="interpreter with torch (and pytorch-fast-transformers) for the peers")
-    p.add_argument("--widths", type=int, nargs="*", default=[16, 32, 64, 128, 256],
+    peers_group = p.add_mutually_exclusive_group()
+    peers_group.add_argument("--peer-python", type=executable, default=None,
+                             help="interpreter with torch (and pytorch-fast-transformers) for "
+                                  "the peers (default: this one)")
+    peers_group.add_argument("--no-peers", action="store_true")
+    p.add_argument("--widths", type=positive_int, nargs="*", default=[16, 32, 64, 128, 256],
                    help="D = M of the crossover (none: skip it)")
-    p.add_argument("--no-peers", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     cfg = p.parse_args(argv)
-    if cfg.rounds < 1:
-        p.error(f"--rounds must be at least 1, got {cfg.rounds}")
-    if cfg.tokens is not None and cfg.tokens < 1:
-        p.error(f"--tokens must be positive, got {cfg.tokens}")
+    cfg.peer_python = cfg.peer_python or sys.executable
+    if cfg.min_n > cfg.max_n:
+        p.error(f"argument --min-n: must be at most --max-n ({cfg.max_n}), got {cfg.min_n}")
     if cfg.quick:
         cfg.min_n, cfg.max_n, cfg.compare_n, cfg.cross_n = min(cfg.min_n, 128), 1024, 1024, 512
         cfg.tokens = None if cfg.tokens is None else min(cfg.tokens, 2048)
@@ -174,10 +177,11 @@ def _peers(cfg, config):
     """(``peers.py``'s JSON answer to ``config`` plus the shared sizes, None) or (None,
     why not)."""
     if cfg.no_peers:
-        return None, "skipped (--no-peers)"
+        return None, "none ran (--no-peers)"
     probe = subprocess.run([cfg.peer_python, "-c", "import torch"], capture_output=True)
     if probe.returncode != 0:
-        return None, f"skipped: no torch in {cfg.peer_python} (see --peer-python)"
+        return None, (f"none ran: no torch in {cfg.peer_python} (add them with --peer-python "
+                      f"PATH, an interpreter with torch and pytorch-fast-transformers)")
     config = {"batch": cfg.batch, "heads": cfg.heads, "dim": cfg.dim,
               "value_dim": cfg.value_dim, "eps": 1e-6, "repeats": cfg.repeats, **config}
     # a fixed mmap threshold: glibc then returns every large array to the system when it is

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from ..._cli_types import Parser, new_file, positive_float, positive_int
 from ...cuda import chunked, cumulative, launch, step
 from ...feature_maps import EluPlusOne
 from ...forms.recurrent import zero_state
@@ -214,18 +215,22 @@ def summary(rows, step_row, peaks):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m linattn.lab.bench.gpu", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--max-log2-n", type=int, default=20, help="largest N = 2^this")
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--dim", type=int, default=64, help="D = M")
-    parser.add_argument("--repeat", type=int, default=10)
-    parser.add_argument("--budget-s", type=float, default=20.0,
+    parser = Parser(prog="python -m linattn.lab.bench.gpu", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--max-log2-n", type=positive_int, default=20,
+                        help="largest N = 2^this")
+    parser.add_argument("--heads", type=positive_int, default=8)
+    parser.add_argument("--dim", type=positive_int, default=64, help="D = M")
+    parser.add_argument("--repeat", type=positive_int, default=10)
+    parser.add_argument("--budget-s", type=positive_float, default=20.0,
                         help="skip a measurement predicted to take longer than this")
-    parser.add_argument("--step-batch", type=int, default=1024, help="sequences in the step")
-    parser.add_argument("--peak-gflops", type=float, help="override the float32 peak")
-    parser.add_argument("--peak-gbs", type=float, help="override the memory bandwidth peak")
-    parser.add_argument("--json", help="write all numbers to this file")
+    parser.add_argument("--step-batch", type=positive_int, default=1024,
+                        help="sequences in the step")
+    parser.add_argument("--peak-gflops", type=positive_float,
+                        help="override the float32 peak")
+    parser.add_argument("--peak-gbs", type=positive_float,
+                        help="override the memory bandwidth peak")
+    parser.add_argument("--json", type=new_file, help="write all numbers to this file")
     args = parser.parse_args(argv)
     cupy = launch.require_cupy()
     started = time.perf_counter()

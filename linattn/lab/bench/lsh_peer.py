@@ -20,13 +20,14 @@ N; linattn's buckets default to 2 N / C (``--n-buckets`` sets them, 2 bits to ma
 linattn's backward recomputes the forward (pft keeps autograd's tensors). pft runs without
 dropout and with ``masked=False`` (its ``masked=True`` adds an N x N matrix); full lengths.
 """
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
 import timeit
+
+from ..._cli_types import Parser, executable, non_negative_int, positive_int
 
 
 def _median(f, repeats):
@@ -121,21 +122,29 @@ def scaling(config, ns):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m linattn.lab.bench.lsh_peer",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--peer-python", default=sys.executable)
-    p.add_argument("--n", type=int, default=4096)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--dim", type=int, default=64, help="D = M (the peer's v is D wide too)")
-    p.add_argument("--chunk-size", type=int, default=32)
-    p.add_argument("--n-hashes", type=int, nargs="+", default=[1, 4], help="hash rounds")
-    p.add_argument("--bits", type=int, default=32, help="pft's hyperplanes")
-    p.add_argument("--n-buckets", type=int, default=None, help="linattn's (default 2 N / C)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--turns", type=int, default=5, help="turns of each side")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--scaling", type=int, nargs=2, metavar=("LOG2_MIN", "LOG2_MAX"))
+    p = Parser(prog="python -m linattn.lab.bench.lsh_peer",
+               description=__doc__.split("\n")[0])
+    p.add_argument("--peer-python", type=executable, default=sys.executable)
+    p.add_argument("--n", type=positive_int, default=4096)
+    p.add_argument("--heads", type=positive_int, default=8)
+    p.add_argument("--dim", type=positive_int, default=64,
+                   help="D = M (the peer's v is D wide too)")
+    p.add_argument("--chunk-size", type=positive_int, default=32)
+    p.add_argument("--n-hashes", type=positive_int, nargs="+", default=[1, 4],
+                   help="hash rounds")
+    p.add_argument("--bits", type=positive_int, default=32, help="pft's hyperplanes")
+    p.add_argument("--n-buckets", type=positive_int, default=None,
+                   help="linattn's, even (default 2 N / C)")
+    p.add_argument("--threads", type=positive_int, default=2)
+    p.add_argument("--turns", type=positive_int, default=5, help="turns of each side")
+    p.add_argument("--repeats", type=positive_int, default=5)
+    p.add_argument("--scaling", type=non_negative_int, nargs=2,
+                   metavar=("LOG2_MIN", "LOG2_MAX"))
     cfg = p.parse_args(argv)
+    if cfg.n_buckets is not None and cfg.n_buckets % 2:
+        p.error(f"argument --n-buckets: must be even, got {cfg.n_buckets}")
+    if cfg.scaling and cfg.scaling[0] > cfg.scaling[1]:
+        p.error(f"argument --scaling: LOG2_MIN must be at most LOG2_MAX, got {cfg.scaling}")
     import numba
     numba.set_num_threads(cfg.threads)
     os.environ["OMP_NUM_THREADS"] = str(cfg.threads)                 # the peer's, if unset

@@ -106,7 +106,8 @@ def text(results):
              f"batch={cfg['batch']} heads={cfg['heads']} D={cfg['dim']} M={cfg['value_dim']} "
              f"{cfg['dtype']}; peers: {results['peers_note']}", "", "summary"]
     parts.append(_table(["quantity", "measured"],
-                        [(t, _fmt(v)) for t, v in results["summary"]]))
+                        [(t, "not measured" if v is None else _fmt(v))
+                         for t, v in results["summary"]]))
     threads = results["threads"]
     blas = _ratio(threads["blas_one_s"], threads["blas_all_s"])
     if blas is not None:

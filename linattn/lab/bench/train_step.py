@@ -23,7 +23,6 @@ The sides take turns for ``--rounds`` rounds (each side's round is the median of
 falls on both; the table shows the median over rounds. Both sides run on ``--threads``
 threads: ours sets Numba's and the BLAS's (threadpoolctl), the peer torch's.
 """
-import argparse
 import json
 import os
 import subprocess
@@ -32,6 +31,7 @@ import sys
 import numpy as np
 
 from . import timing
+from ..._cli_types import Parser, executable, new_file, non_negative_float, positive_int
 from ...threads import keep_freed_memory, user_environment
 from ...model.optim import AdamConfig, adam_init
 from ...model.paths import PATHS, adam_update, loss_and_grads
@@ -44,26 +44,28 @@ PEER = os.path.join(os.path.dirname(__file__), "peer_train.py")
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(prog="python -m linattn.lab.bench.train_step",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--peer-python", default=sys.executable,
-                   help="interpreter with torch and pytorch-fast-transformers")
-    p.add_argument("--no-peers", action="store_true")
-    p.add_argument("--batch", type=int, nargs="+", default=[16, 64])
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=3, help="timed steps per side and round")
-    p.add_argument("--threads", type=int, default=2)
+    p = Parser(prog="python -m linattn.lab.bench.train_step",
+               description=__doc__.split("\n")[0])
+    peers = p.add_mutually_exclusive_group()
+    peers.add_argument("--peer-python", type=executable, default=None,
+                       help="interpreter with torch and pytorch-fast-transformers (default: "
+                            "this one)")
+    peers.add_argument("--no-peers", action="store_true")
+    p.add_argument("--batch", type=positive_int, nargs="+", default=[16, 64])
+    p.add_argument("--rounds", type=positive_int, default=5)
+    p.add_argument("--repeats", type=positive_int, default=3,
+                   help="timed steps per side and round")
+    p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--path", choices=PATHS, default="lean",
                    help="our training path (linattn.model.paths)")
-    p.add_argument("--pause", type=float, default=0.2,
+    p.add_argument("--pause", type=non_negative_float, default=0.2,
                    help="seconds of rest before each side's round, for idle threads to sleep")
     for name, value in PAPER_COPY.items():
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=value,
+        p.add_argument("--" + name.replace("_", "-"), type=positive_int, default=value,
                        help="model size (the paper's copy task by default)")
-    p.add_argument("--out", help="also write every number to this JSON file")
+    p.add_argument("--out", type=new_file, help="also write every number to this JSON file")
     cfg = p.parse_args(argv)
-    if cfg.rounds < 1 or cfg.repeats < 1 or cfg.threads < 1:
-        p.error("--rounds, --repeats and --threads must be at least 1")
+    cfg.peer_python = cfg.peer_python or sys.executable
     return cfg
 
 
@@ -131,12 +133,12 @@ class Peer:
 def start_peer(cfg, model_cfg, batches):
     """(Peer, note) or (None, why not)."""
     if cfg.no_peers:
-        return None, "skipped (--no-peers)"
+        return None, "none ran (--no-peers)"
     probe = subprocess.run([cfg.peer_python, "-c", "import torch, fast_transformers"],
                            capture_output=True)
     if probe.returncode != 0:
-        return None, (f"skipped: no torch and pytorch-fast-transformers in {cfg.peer_python} "
-                      "(see --peer-python)")
+        return None, (f"none ran: no torch and pytorch-fast-transformers in "
+                      f"{cfg.peer_python} (add them with --peer-python PATH)")
     peer = Peer(cfg, model_cfg, batches)
     return peer, (f"pft: torch {peer.about['torch']}, {peer.about['threads']} threads, "
                   f"{cfg.peer_python}")
