@@ -128,7 +128,8 @@ class Recurrence:
             A new array: phi(q_t)^T S_t / (phi(q_t)^T z_t + eps).
 
         Raises TypeError (array type, dtype) or ValueError (shape; a whole sequence
-        (*lead_shape, N, D) is named as one) before the state is touched. Cost: O(F M) per leading index, one pass over the state (two, compensated).
+        (*lead_shape, N, D) is named as one) before the state is touched. Cost: O(F M) per
+        leading index, one pass over the state (two, compensated).
         """
         dtype = self._dtype
         if (type(q_t) is not self._xp.ndarray or type(k_t) is not self._xp.ndarray

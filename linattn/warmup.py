@@ -26,7 +26,7 @@ DTYPES = ("float32", "float64")
 FAMILIES = ("linear", "step", "softmax", "lsh")
 
 # linear attention's Numba forms: "auto" takes blocks of the kernel matrix up to N = 96 and
-# blocks of positions beyond (dispatch.AUTO_METHOD), "linear" the running sums
+# blocks of positions beyond (the "auto" rule of dispatch), "linear" the running sums
 _LINEAR_METHODS = ("quadratic", "chunked", "linear")
 
 

@@ -46,7 +46,7 @@ BAD = [
         (["--min-phonemes", "50", "--max-phonemes", "10"], "--min-phonemes"),
         (["--model", "gru"], "--model"), (["--data-seed", "-2"], "--data-seed"),
         (["--checkpoint-every", "0"], "--checkpoint-every"),
-        (["--resume"], "--resume"),                              # a speech run: no speech checkpoint
+        (["--resume"], "--resume"),                    # a speech run: no speech checkpoint
     ]],
     *[(main, ["generate", *args], flag) for args, flag in [
         (["--checkpoint", "run/checkpoint.npz", "--n", "0"], "--n"),
