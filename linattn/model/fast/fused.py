@@ -13,7 +13,7 @@ Two changes of form, not of function:
 - GELU's gate s = 0.5 (1 + tanh(y)), y = c (x + 0.044715 x^3) (``layers.GELU_C`` and
   ``layers.GELU_CUBIC``), is computed as the logistic sigmoid 1 / (1 + exp(-2 y)), the same
   number without tanh, from exp(-2 |y|) <= 1: the library's vectorisable exp of a
-  non-positive number (``numba_cpu.flash_tiles.exp_nonpositive``, one for each precision),
+  non-positive number (``numba_cpu.elu``'s phi(t) = exp(t) for t <= 0, one for each precision),
   where Numba's tanh is a C call per element; it also keeps its digits for negative x, where
   1 + tanh(y) cancels. With s the gate, gelu(x) = x s and
   gelu'(x) = s + 2 x s (1 - s) c (1 + 3 * 0.044715 x^2). ``gelu_gate`` is the one compiled
@@ -32,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
-from ...numba_cpu.flash_tiles import exp_nonpositive
+from ...numba_cpu.elu import phi
 from ..layers import GELU_C, GELU_CUBIC, LAYER_NORM_EPS
 
 
@@ -56,7 +56,7 @@ def gelu_gate(x):
     in x's type (float32 stays float32); gelu(x) = x s."""
     one = type(x)(1)
     y = type(x)(GELU_C) * (x + type(x)(GELU_CUBIC) * x * x * x)
-    e = exp_nonpositive(-(y + y) if y >= 0 else y + y)      # exp(-2 |y|), in (0, 1]
+    e = phi(-(y + y) if y >= 0 else y + y)                  # exp(-2 |y|), in (0, 1]
     return (one if y >= 0 else e) / (one + e)               # NaN in: NaN out
 
 
