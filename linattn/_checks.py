@@ -143,7 +143,7 @@ def _in_compute_dtype(arrays):
     out_dtype = common_dtype(*arrays)
     dtype = compute_dtype(out_dtype)
     if all(a.dtype == dtype for a in arrays):
-        return arrays, out_dtype      # the usual case, and a generation step is ~15 us in all
+        return arrays, out_dtype      # the usual case: a generation step is short, keep it cheap
     return tuple(a.astype(dtype, copy=False) for a in arrays), out_dtype
 
 

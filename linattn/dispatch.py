@@ -213,7 +213,7 @@ def _candidates(backend, xp):
 
 def numba_imports():
     """Whether numba can be imported. It is imported here, on first use, not by
-    ``import linattn``, which it would slow down by about 0.3 s."""
+    ``import linattn``, which it would slow down noticeably."""
     try:
         import numba  # noqa: F401
     except ImportError:
