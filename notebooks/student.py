@@ -38,6 +38,7 @@ def write(out):
         nbformat.write(student_notebook(path), out / path.name)
     shutil.copytree(NOTEBOOKS / "checks", out / "checks",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(NOTEBOOKS.parent / "figures", out / "figures")   # what notebook 10 shows
     return out
 
 

@@ -159,9 +159,9 @@ def test_cli_parses_and_prints_the_table_and_csv(monkeypatch, tmp_path, capsys):
                                  "dtype": "float32", "model": "tiny", "rounds": str(rounds)}
     monkeypatch.setattr(speed, "speed_table", fake_table)
     out = tmp_path / "sub" / "speed.csv"
-    assert speed_main(["--batch", "1", "4", "--rounds", "2", "--peer-python", "py",
+    assert speed_main(["--batch", "1", "4", "--rounds", "2", "--peer-python", sys.executable,
                        "--budget", "5", "--csv", str(out)]) == 0
-    assert seen == dict(batches=[1, 4], rounds=2, peer="py", budget=5.0)
+    assert seen == dict(batches=[1, 4], rounds=2, peer=sys.executable, budget=5.0)
     printed = capsys.readouterr().out
     assert "softmax, recomputing" in printed and "estimated" in printed
     back, meta = read_csv(out)

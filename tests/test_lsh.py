@@ -217,7 +217,7 @@ def test_empty_sequence_and_float16(backend):
     (dict(n_hashes=0), ValueError, "n_hashes must be at least 1"),
     (dict(n_hashes=True), TypeError, "n_hashes must be an integer"),
     (dict(seed=-1), ValueError, "seed must be at least 0"),
-    (dict(causal="yes"), TypeError, "causal must be a bool"),
+    (dict(causal="yes"), TypeError, "causal must be True or False"),
     (dict(backend="cupy"), ValueError, "no cupy kernel"),
     (dict(backend="torch"), ValueError, "unknown backend"),
 ])
