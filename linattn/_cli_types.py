@@ -13,6 +13,7 @@ involve several flags (--min-n <= --max-n, a checkpoint that --resume needs) cal
 import argparse
 import math
 import os
+import shutil
 import sys
 
 
@@ -87,7 +88,6 @@ def existing_file(text):
 
 def executable(text):
     """A path to an executable file, or the name of one on PATH (an interpreter)."""
-    import shutil
     if shutil.which(text) is None:
         raise argparse.ArgumentTypeError(f"must be an executable (a Python interpreter), got "
                                          f"{text!r}: no such program")

@@ -122,12 +122,18 @@ AUTO_METHOD = {
 OPTIONS = ("non_causal", "key_mask", "initial_state", "return_state")
 
 
+def given(**options):
+    """The options given a value (not None, not False): only these reach a kernel, by
+    keyword, so that a kernel is never passed an option it does not declare."""
+    return {name: value for name, value in options.items()
+            if value is not None and value is not False}
+
+
 def needed(*, causal=True, **options):
     """The ``SUPPORTS`` names a call needs: "non_causal" unless ``causal``, and each of
-    ``options`` (keyword = an option name of ``OPTIONS``) given a value other than None or
-    False. ``needed(causal=False, key_mask=mask)`` is {"non_causal", "key_mask"}."""
-    used = {name for name, value in options.items() if value is not None and value is not False}
-    return frozenset(used | ({"non_causal"} if not causal else set()))
+    ``options`` (keyword = an option name of ``OPTIONS``) that is ``given``.
+    ``needed(causal=False, key_mask=mask)`` is {"non_causal", "key_mask"}."""
+    return frozenset(set(given(**options)) | ({"non_causal"} if not causal else set()))
 
 
 def kernel(family, method, backend, xp, causal=False, shape=None, needs=frozenset()):

@@ -96,8 +96,8 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
                             return_state=return_state)
     kernel, x_q, x_k, kw = _prepare(q, k, v, causal, feature_map, eps, method, backend,
                                     chunk_size, needs)
-    kw.update(_given(key_mask=mask, return_state=return_state,
-                     initial_state=_state("initial_state", initial_state, x_q, v)))
+    kw.update(dispatch.given(key_mask=mask, return_state=return_state,
+                             initial_state=_state("initial_state", initial_state, x_q, v)))
     out = kernel.attend(x_q, x_k, v, **kw)
     if return_state:
         out, state = out
@@ -115,13 +115,6 @@ def _prepare(q, k, v, causal, feature_map, eps, method, backend, chunk_size, nee
     if dispatch.fuses(kernel, phi):
         return kernel, q, k, dict(kw, elu=True)
     return kernel, phi.forward(q), phi.forward(k), kw
-
-
-def _given(**options):
-    """The options given a value (not None, not False): only these reach the kernel, by
-    keyword, so that a kernel is never passed an option it does not declare."""
-    return {name: value for name, value in options.items()
-            if value is not None and value is not False}
 
 
 def _state(name, state, x_q, v):
@@ -182,8 +175,9 @@ def linear_attention_backward(dout, q, k, v, *, causal=False, feature_map="elu+1
                             return_state=dstate)
     kernel, x_q, x_k, kw = _prepare(q, k, v, causal, feature_map, eps, method, backend,
                                     chunk_size, needs)
-    kw.update(_given(key_mask=mask, initial_state=_state("initial_state", initial_state, x_q, v),
-                     dstate=_state("dstate", dstate, x_q, v)))
+    kw.update(dispatch.given(key_mask=mask,
+                             initial_state=_state("initial_state", initial_state, x_q, v),
+                             dstate=_state("dstate", dstate, x_q, v)))
     grads = kernel.attend_backward(dout, x_q, x_k, v, **kw)
     dq, dk, dv = grads[:3]
     if "elu" not in kw:                   # gradients of the features: back through phi

@@ -44,14 +44,7 @@ def softmax_attention(q, k, v, *, causal=False, scale=None, backend="auto",
     Numba.
     """
     (q, k, v), out_dtype = _checks.check_qkv(q, k, v, causal=causal)
-    _checks.check_keys(q, k)
-    scale = _checks.check_scale(scale, q.shape[-1])
-    mask = _checks.check_key_mask(key_mask, key_lengths, q.shape[:-2], k.shape[-2],
-                                  _checks.array_module(q))
-    kernel, _ = dispatch.kernel("softmax", "auto", backend, _checks.array_module(q),
-                                needs=dispatch.needed(causal=causal, key_mask=mask))
-    kw = dict(causal=causal, scale=scale) if mask is None else dict(causal=causal, scale=scale,
-                                                                    key_mask=mask)
+    kernel, kw = _kernel(q, k, causal, scale, backend, key_mask, key_lengths)
     out = kernel.attend(q, k, v, **kw)
     return out.astype(out_dtype, copy=False)
 
@@ -80,13 +73,18 @@ def softmax_attention_backward(dout, q, k, v, *, causal=False, scale=None, backe
     Cost: as the forward; P is recomputed, never stored.
     """
     (q, k, v, dout), out_dtype = _checks.check_qkv(q, k, v, dout, causal=causal)
-    _checks.check_keys(q, k)
-    scale = _checks.check_scale(scale, q.shape[-1])
-    mask = _checks.check_key_mask(key_mask, key_lengths, q.shape[:-2], k.shape[-2],
-                                  _checks.array_module(q))
-    kernel, _ = dispatch.kernel("softmax", "auto", backend, _checks.array_module(q),
-                                needs=dispatch.needed(causal=causal, key_mask=mask))
-    kw = dict(causal=causal, scale=scale) if mask is None else dict(causal=causal, scale=scale,
-                                                                    key_mask=mask)
+    kernel, kw = _kernel(q, k, causal, scale, backend, key_mask, key_lengths)
     grads = kernel.attend_backward(dout, q, k, v, **kw)
     return tuple(g.astype(out_dtype, copy=False) for g in grads)
+
+
+def _kernel(q, k, causal, scale, backend, key_mask, key_lengths):
+    """The rest of the checks both directions share, once: (the backend module, its keyword
+    options: causal, scale, and the key mask only when one is given)."""
+    _checks.check_keys(q, k)
+    xp = _checks.array_module(q)
+    scale = _checks.check_scale(scale, q.shape[-1])
+    mask = _checks.check_key_mask(key_mask, key_lengths, q.shape[:-2], k.shape[-2], xp)
+    kernel, _ = dispatch.kernel("softmax", "auto", backend, xp,
+                                needs=dispatch.needed(causal=causal, key_mask=mask))
+    return kernel, dict(causal=causal, scale=scale, **dispatch.given(key_mask=mask))

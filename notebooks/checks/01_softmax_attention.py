@@ -6,7 +6,7 @@ import numpy as np
 import linattn
 from linattn.lab.bench.timing import peak_bytes
 
-from checks._exercises import report
+from ._exercises import assert_below_n_by_n, report
 
 
 # ---- Exercise 1: the slopes of causal softmax attention ------------------------------------
@@ -111,12 +111,9 @@ def _check_3(attention):
                         f"logits x{scale}")
     n, tile = 4096, 64
     q, k, v = rng.standard_normal((3, n, 16))
-    peak = peak_bytes(lambda: attention(q, k, v, tile))
-    n_by_n = n * n * 8
-    print(f"peak memory at N = {n}, tile = {tile}: {peak / 2**20:.2f} MiB "
-          f"(one N x N float64 array: {n_by_n / 2**20:.0f} MiB)")
-    assert peak < n_by_n / 2, ("the peak memory is that of an N x N array: work through "
-                               "the keys one tile at a time")
+    assert_below_n_by_n(lambda: attention(q, k, v, tile), n, ", tile = 64", 1 / 2,
+                        "the peak memory is that of an N x N array: work through "
+                        "the keys one tile at a time")
 
 
 def check_exercise_3(softmax_attention_tiled):

@@ -4,9 +4,8 @@ or says the exercise is not attempted yet while the answer raises NotImplemented
 import numpy as np
 
 import linattn
-from linattn.lab.bench.timing import peak_bytes
 
-from checks._exercises import report
+from ._exercises import assert_below_n_by_n, report
 
 
 # ---- Exercise 1: hiding padded keys without the N x N matrix -------------------------------
@@ -39,11 +38,8 @@ def _check_1(attention):
     n = 4096
     q, k, v = rng.standard_normal((3, n, 16))
     key_mask = np.arange(n) < n - 100                    # the last 100 keys are padding
-    peak = peak_bytes(lambda: attention(q, k, v, key_mask))
-    n_by_n = n * n * 8
-    print(f"peak memory at N = {n}: {peak / 2**20:.2f} MiB (one N x N float64 array: "
-          f"{n_by_n / 2**20:.0f} MiB)")
-    assert peak < n_by_n / 4, "the peak memory grows like N^2: an N x N array was built"
+    assert_below_n_by_n(lambda: attention(q, k, v, key_mask), n, "", 1 / 4,
+                        "the peak memory grows like N^2: an N x N array was built")
 
 
 def check_exercise_1(linear_attention_key_mask):

@@ -4,9 +4,8 @@ attempted yet while the answer raises NotImplementedError."""
 import numpy as np
 
 import linattn
-from linattn.lab.bench.timing import peak_bytes
 
-from checks._exercises import report
+from ._exercises import assert_below_n_by_n, report
 
 
 def _banded(q, k, v, window, eps):
@@ -35,11 +34,8 @@ def _check_1(chunked):
                         "sum over the blocks before b, not including b")
     n = 4096
     q, k, v = rng.standard_normal((3, n, 16))
-    peak = peak_bytes(lambda: chunked(q, k, v, 64))
-    n_by_n = n * n * 8
-    print(f"peak memory at N = {n}, C = 64: {peak / 2**20:.2f} MiB (one N x N float64 array: "
-          f"{n_by_n / 2**20:.0f} MiB)")
-    assert peak < n_by_n / 4, "the peak memory grows like N^2: an N x N array was built"
+    assert_below_n_by_n(lambda: chunked(q, k, v, 64), n, ", C = 64", 1 / 4,
+                        "the peak memory grows like N^2: an N x N array was built")
 
 
 def check_exercise_1(chunked_causal_vectorized):
@@ -64,11 +60,8 @@ def _check_2(windowed):
                     "(itself included), in the numerator and the normaliser")
     n = 4096
     q, k, v = rng.standard_normal((3, n, 16))
-    peak = peak_bytes(lambda: windowed(q, k, v, 64))
-    n_by_n = n * n * 8
-    print(f"peak memory at N = {n}, W = 64: {peak / 2**20:.2f} MiB (one N x N float64 array: "
-          f"{n_by_n / 2**20:.0f} MiB)")
-    assert peak < n_by_n / 4, "the peak memory grows like N^2: an N x N array was built"
+    assert_below_n_by_n(lambda: windowed(q, k, v, 64), n, ", W = 64", 1 / 4,
+                        "the peak memory grows like N^2: an N x N array was built")
 
 
 def check_exercise_2(windowed_linear_attention):

@@ -5,7 +5,7 @@ import numpy as np
 
 import linattn
 
-from checks._exercises import report
+from ._exercises import report
 
 
 # ---- Exercise 1: the state after a prompt, without stepping ---------------------------------

@@ -4,9 +4,8 @@ is not attempted yet while the answer raises NotImplementedError."""
 import numpy as np
 
 import linattn
-from linattn.lab.bench.timing import peak_bytes
 
-from checks._exercises import report
+from ._exercises import assert_below_n_by_n, report
 
 
 def finite_differences(f, arrays, dout, h=1e-6):
@@ -78,12 +77,9 @@ def _check_2(backward):
     rng = np.random.default_rng(4)
     n, tile = 4096, 64
     q, k, v, dout = rng.standard_normal((4, n, 16))
-    peak = peak_bytes(lambda: backward(dout, q, k, v, tile))
-    n_by_n = n * n * 8
-    print(f"peak memory at N = {n}, tile = {tile}: {peak / 2**20:.2f} MiB "
-          f"(one N x N float64 array: {n_by_n / 2**20:.0f} MiB)")
-    assert peak < n_by_n / 2, ("the peak memory is that of an N x N array: recompute P one "
-                               "tile of keys at a time from each row's log-sum-exp")
+    assert_below_n_by_n(lambda: backward(dout, q, k, v, tile), n, ", tile = 64", 1 / 2,
+                        "the peak memory is that of an N x N array: recompute P one "
+                        "tile of keys at a time from each row's log-sum-exp")
 
 
 def check_exercise_2(softmax_attention_backward_tiled):

@@ -1,8 +1,7 @@
 """What every notebook's exercise checks share: ``report`` runs a student's answer and says
 when it is not written yet (it still raises NotImplementedError, the notebook's starting
 point) instead of failing. The check modules import it as
-``from checks._exercises import report``; the convention is in ``checks/__init__.py``."""
-import pathlib
+``from ._exercises import report``; the convention is in ``checks/__init__.py``."""
 
 
 def report(exercise, check, *answers):
@@ -17,16 +16,11 @@ def report(exercise, check, *answers):
         print(f"Exercise {exercise}: correct")
 
 
-def attempter(solution_file):
-    """``attempt(number, fn, *args)``: fn(*args), or None and a note pointing at
-    ``solution_file`` (the calling module's ``__file__``) while fn is not written yet."""
-    name = pathlib.Path(solution_file).name
-
-    def attempt(number, fn, *args):
-        try:
-            return fn(*args)
-        except NotImplementedError:
-            print(f"exercise {number}: not written yet (a solution is in "
-                  f"notebooks/solutions/{name})")
-            return None
-    return attempt
+def assert_below_n_by_n(call, n, setting, fraction, hint):
+    """Run ``call()`` once, print its peak memory (``tracemalloc``) beside one N x N float64
+    array, and assert the peak is below ``fraction`` of that array: ``hint`` says why not."""
+    from linattn.lab.bench.timing import peak_bytes
+    peak, n_by_n = peak_bytes(call), n * n * 8
+    print(f"peak memory at N = {n}{setting}: {peak / 2**20:.2f} MiB "
+          f"(one N x N float64 array: {n_by_n / 2**20:.0f} MiB)")
+    assert peak < fraction * n_by_n, hint
