@@ -60,7 +60,8 @@ class Taylor:
 
     def forward(self, x):
         xp = array_module(x)
-        outer = (x[..., :, None] * x[..., None, :]).reshape(*x.shape[:-1], -1)  # (..., D*D)
+        d = x.shape[-1]
+        outer = (x[..., :, None] * x[..., None, :]).reshape(*x.shape[:-1], d * d)  # (..., D*D)
         ones = xp.ones((*x.shape[:-1], 1), dtype=x.dtype)
         return xp.concatenate([ones, x, outer / np.sqrt(2)], axis=-1)  # (..., F)
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parents[1] / "linattn" / "lab" / "gpu_check.sh"
+ROOT = Path(__file__).parents[1]
+SCRIPT = ROOT / "linattn" / "lab" / "gpu_check.sh"
 BUDGET_S = 480          # the device's time for the whole check, a fresh machine's compiles in
 STEPS = ("device", "warmup", "tests", "memcheck", "racecheck", "synccheck", "bench")
 needs_bash = pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not on the PATH")
@@ -43,10 +44,17 @@ def test_the_checks_are_the_ones_the_device_needs():
     text = SCRIPT.read_text()
     assert "pytest tests/test_cuda.py -m gpu" in text    # one module collected, not the tree
     assert "cp.cuda.set_allocator(None)" in text         # memcheck sees each array's bounds
-    assert "--kernel-regex" in text                      # our kernels, no library kernel
+    assert "--kernel-name kns=$name" in text             # our kernels, no library kernel
     assert "(cp.float32, cp.float64)" in text and "compensated=compensated" in text
-    for kernel in ("scan_product", "chunk_", "rnn_step", "softmax_rows"):
-        assert kernel in re.search(r"GPU_CHECK_KERNELS='([^']*)'", text).group(1)
+    substrings = re.search(r"GPU_CHECK_KERNELS='([^']*)'", text).group(1).split()
+    assert sorted(substrings) == ["chunk_", "rnn_step", "scan_product", "softmax_rows"]
+    assert "rnn_step_probe" in text                      # the control is a kernel filtered in
+    # each filter is a substring match (kns=), not a regular expression: every kernel in the
+    # CUDA sources must contain one, or the sanitizers would skip it and report nothing
+    for source in (ROOT / "linattn" / "cuda").glob("*.cu"):
+        for kernel in re.findall(r"__global__ void(?: __launch_bounds__\(\w+\))?\s+(\w+)\(",
+                                 source.read_text()):
+            assert any(s in kernel for s in substrings), (source.name, kernel)
 
 
 def run(tmp_path, **env):

@@ -138,13 +138,15 @@ def test_float16_computes_in_float32_and_returns_float16(method, backend):
 
 @pytest.mark.parametrize("method, backend", PATHS)
 @pytest.mark.parametrize("causal", [False, True])
-def test_empty_sequence(method, backend, causal):
-    q, k, v = random_qkv(13, 0, 3, 5, (2,))
-    kw = dict(causal=causal, method=method, backend=backend)
+@pytest.mark.parametrize("lead, n", [((2,), 0), ((0,), 5)])   # no positions; no sequences
+@pytest.mark.parametrize("name", FEATURE_MAP_NAMES)
+def test_empty_inputs(method, backend, causal, lead, n, name):
+    q, k, v = random_qkv(13, n, 3, 5, lead)
+    kw = dict(causal=causal, method=method, backend=backend, feature_map=feature_map(name))
     out = linear_attention(q, k, v, **kw)
-    assert out.shape == (2, 0, 5)
+    assert out.shape == (*lead, n, 5)
     grads = linear_attention_backward(out, q, k, v, **kw)
-    assert [g.shape for g in grads] == [(2, 0, 3), (2, 0, 3), (2, 0, 5)]
+    assert [g.shape for g in grads] == [(*lead, n, 3), (*lead, n, 3), (*lead, n, 5)]
 
 
 @pytest.mark.parametrize("method, backend", PATHS)

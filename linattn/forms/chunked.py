@@ -30,7 +30,8 @@ def _blocks(x, c):
 
 def _unblocks(x, n):
     """(..., B, C, W) -> (..., N, W), dropping the padding."""
-    return x.reshape(*x.shape[:-3], -1, x.shape[-1])[..., :n, :]
+    rows = x.shape[-3] * x.shape[-2]          # not -1, which is ambiguous when a size is 0
+    return x.reshape(*x.shape[:-3], rows, x.shape[-1])[..., :n, :]
 
 
 def _exclusive_cumsum(x, reverse=False):

@@ -119,7 +119,7 @@ def _chunks(order, c, fill):
     """order (..., N) padded with ``fill`` to a multiple of c, as (..., n_chunks, c)."""
     n = order.shape[-1]
     pad = np.full((*order.shape[:-1], -n % c), fill, dtype=order.dtype)
-    return np.concatenate([order, pad], axis=-1).reshape(*order.shape[:-1], -1, c)
+    return np.concatenate([order, pad], axis=-1).reshape(*order.shape[:-1], -(-n // c), c)
 
 
 def _pad(x):
@@ -130,7 +130,7 @@ def _pad(x):
 def _gather(x_padded, pos):
     """Rows of x_padded (..., N + 1, W) at positions pos (..., n_chunks, X) -> (..., n_chunks,
     X, W)."""
-    flat = pos.reshape(*pos.shape[:-2], -1, 1)
+    flat = pos.reshape(*pos.shape[:-2], pos.shape[-2] * pos.shape[-1], 1)
     rows = np.take_along_axis(x_padded, flat, axis=-2)
     return rows.reshape(*pos.shape, x_padded.shape[-1])
 
