@@ -299,6 +299,48 @@ def test_nan_key_reaches_only_later_rows_when_causal(cp, method):
     assert np.all(np.isfinite(out[:66])) and np.all(np.isnan(out[66:]))
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_padding_and_states_on_the_gpu(cp, dtype):
+    """Key padding (NaN in the padded rows) and states handed in and out, through the public
+    functions on CuPy arrays (the chunked kernels), against the NumPy backend; and softmax's
+    key padding (NumPy's form on CuPy arrays)."""
+    from linattn import dispatch
+    assert dispatch.kernel("linear", "auto", "auto", cp, True, (130, 3),
+                           needs=dispatch.needed(causal=True, key_mask=True, initial_state=True,
+                                                 return_state=True))[0].__name__ \
+        == "linattn.cuda.chunked"
+    rng = np.random.default_rng(31)
+    q, k, v = (x.astype(dtype) for x in random_qkv(32, 130, 3, 5, (2,)))
+    mask = rng.random((2, 130)) < 0.7
+    mask[:, 0] = True
+    k, v = np.where(mask[..., None], k, np.nan), np.where(mask[..., None], v, np.nan)
+    state = State(rng.standard_normal((2, 3, 5)).astype(dtype),
+                  (rng.random((2, 3)) + 0.5).astype(dtype))
+    dstate = State(*(rng.standard_normal(x.shape).astype(dtype) for x in state))
+    dout = rng.standard_normal(v.shape).astype(dtype)
+    g = on_gpu(cp, q, k, v, dout, mask)
+    gstate, gdstate = (State(*on_gpu(cp, *s)) for s in (state, dstate))
+    kw = dict(causal=True, return_state=True)
+    out, final = linear_attention(*g[:3], key_mask=g[4], initial_state=gstate, **kw)
+    # the reference in float64 on the same values
+    q, k, v, dout = (x.astype(np.float64) for x in (q, k, v, dout))
+    state, dstate = (State(*(x.astype(np.float64) for x in s)) for s in (state, dstate))
+    want, want_final = linear_attention(q, k, v, key_mask=mask, initial_state=state,
+                                        backend="numpy", **kw)
+    for got, w in zip((out, *final), (want, *want_final)):
+        assert_close(cp.asnumpy(got), w, dtype)
+    grads = linear_attention_backward(g[3], *g[:3], causal=True, key_mask=g[4],
+                                      initial_state=gstate, dstate=gdstate)
+    wants = linear_attention_backward(dout, q, k, v, causal=True, key_mask=mask,
+                                      initial_state=state, dstate=dstate, backend="numpy")
+    assert np.all(cp.asnumpy(grads[1])[~mask] == 0) and np.all(cp.asnumpy(grads[2])[~mask] == 0)
+    for got, w in zip((*grads[:3], *grads[3]), (*wants[:3], *wants[3])):
+        assert_close(cp.asnumpy(got), w, dtype)
+    soft = softmax_attention(*g[:3], causal=True, key_mask=g[4])
+    assert_close(cp.asnumpy(soft),
+                 softmax_attention(q, k, v, causal=True, key_mask=mask, backend="numpy"), dtype)
+
+
 @pytest.mark.parametrize("lead, n", [((2,), 0), ((0,), 5)])
 @pytest.mark.parametrize("method", CUDA_METHODS)
 @pytest.mark.parametrize("causal", [False, True])

@@ -22,6 +22,7 @@ import pytest
 
 from linattn.cuda import chunked, cumulative, launch, softmax, step
 from linattn.feature_maps import get_feature_map
+from linattn import State
 from linattn.forms import chunked as numpy_chunked, recurrent
 from linattn.softmax import softmax_attention, softmax_attention_backward
 
@@ -141,6 +142,34 @@ def test_causal_forms_match_numpy(emulated, form, n, d, m):
     assert_close(form.attend(phi_q, phi_k, v, **kw), want)
     got = form.attend_backward(dout, phi_q, phi_k, v, **kw)
     for g, w in zip(got, numpy_chunked.attend_backward(dout, phi_q, phi_k, v, chunk_size=7, **kw)):
+        assert_close(g, w)
+
+
+@pytest.mark.parametrize("n, d, m", [(1, 2, 3), (70, 3, 5), (130, 66, 65)])
+def test_padding_and_states_match_numpy(emulated, n, d, m):
+    """Key padding (NaN in the padded rows) and a state handed in and out, forward and
+    backward, against NumPy's chunked form: the state is added to every chunk's state."""
+    rng = np.random.default_rng(n)
+    phi_q, phi_k, v = features(n + 1, n, d, m)
+    mask = rng.random((2, n)) < 0.7
+    mask[:, 0] = True
+    phi_k, v = np.where(mask[..., None], phi_k, np.nan), np.where(mask[..., None], v, np.nan)
+    f = phi_k.shape[-1]
+    state = State(rng.standard_normal((2, f, m)), rng.random((2, f)) + 0.5)
+    dstate = State(rng.standard_normal((2, f, m)), rng.standard_normal((2, f)))
+    dout = rng.standard_normal(v.shape)
+    kw = dict(causal=True, eps=1e-6, key_mask=mask, initial_state=state)
+    out, final = chunked.attend(phi_q, phi_k, v, return_state=True, **kw)
+    want, want_final = numpy_chunked.attend(phi_q, phi_k, v, chunk_size=7, return_state=True,
+                                            **kw)
+    assert np.isfinite(out).all()
+    for g, w in zip((out, *final), (want, *want_final)):
+        assert_close(g, w)
+    got = chunked.attend_backward(dout, phi_q, phi_k, v, dstate=dstate, **kw)
+    wants = numpy_chunked.attend_backward(dout, phi_q, phi_k, v, chunk_size=7, dstate=dstate,
+                                          **kw)
+    assert np.all(got[1][~mask] == 0) and np.all(got[2][~mask] == 0)   # exactly
+    for g, w in zip((*got[:3], *got[3]), (*wants[:3], *wants[3])):
         assert_close(g, w)
 
 
