@@ -26,7 +26,7 @@ The families and the functions their modules define (same names on every backend
 - ``"softmax"``: ``attend(q, k, v, *, causal, scale)`` and ``attend_backward(dout, q, k, v,
   *, causal, scale) -> (dq, dk, dv)``; with the option ``key_mask=``.
 - ``"lsh"``: ``attend(qk, v, *, n_hashes, chunk_size, n_buckets, causal, seed)`` and
-  ``attend_backward(dout, qk, v, *, ...) -> (dqk, dv)``.
+  ``attend_backward(dout, qk, v, *, ...) -> (dqk, dv)``; with the option ``key_mask=``.
 
 Each module declares what it supports, and ``kernel`` reads nothing else about it:
 

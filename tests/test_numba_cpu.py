@@ -295,7 +295,7 @@ def test_lsh_float32_stays_float32_inside_the_loops():
     from linattn.numba_cpu import lsh, lsh_hash
     x = np.ones((2, 40, 4), np.float32)
     pre = lsh._prepare(x, n_hashes=2, chunk_size=4, n_buckets=None, causal=True, seed=0)
-    windows = (pre.order[0], pre.chunk, pre.has_other, 4)
+    windows = (pre.order[0], pre.length, pre.chunk, pre.has_other, 4)
     stats = (pre.scale, pre.log_meets, x[:, :, 0].copy(), x[:, :, 1].copy())
     for causal in (True, False):
         assert not float64_in_ir(lsh._forward_round, x, x, x, *windows, causal, *stats,

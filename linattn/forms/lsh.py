@@ -25,6 +25,18 @@ The semantics, every choice in one place:
       out_i = sum_r exp(lse_ri - logsumexp_r lse_ri) out_ri,
   gives exactly softmax attention restricted to the union of the rounds' windows, the
   boolean matrix ``mask`` returns. That dense, masked softmax is the oracle of this module.
+- key padding (``key_mask`` (..., N), True for a real position): with shared QK a padded
+  position is a padded key, and a padded query too. Its row of qk and of v is replaced by 0
+  (``drop_padded``, a ``where``: it may hold NaN) and it is hashed to a bucket of its own,
+  n_buckets, past every real one, so each round sorts it after the real positions: the
+  first L sorted positions are the L real ones, in the order they would have alone, and
+  chunks of real positions are as unpadded (the last real chunk may end in padding). No
+  real query sees a padded key (its logit is -inf in every round, so in the rounds'
+  combination too), a real query counts only real keys towards "sees another key", so it
+  still sees at least itself; a padded query sees nothing and its output is 0. So a padded
+  batch gives each sequence, at its real positions, what it gives alone, as long as the
+  bucket count is the same (n_buckets given, or the default of the padded width N: the
+  rotations' shape follows it), and padded positions get exactly 0 output and gradients.
 
 Shapes: qk (..., N, D), v (..., N, M). Cost per round: O(N D n_buckets) to hash,
 O(N log N) to sort, O(N C (D + M + n_hashes)) to attend with C = chunk_size; memory
@@ -34,29 +46,40 @@ from typing import NamedTuple
 
 import numpy as np
 
-SUPPORTS = frozenset({"non_causal"})  # options taken by keyword (dispatch)
+SUPPORTS = frozenset({"non_causal", "key_mask"})  # options taken by keyword (dispatch)
 
 
 class Hashing(NamedTuple):
     """Where every position lands, round by round.
 
     order : ndarray of int, shape (n_hashes, ..., N)
-        The positions sorted by (bucket, position), one round per row.
+        The positions sorted by (bucket, position), one round per row; padded positions,
+        in bucket n_buckets, come last.
     rank : ndarray of int, shape (n_hashes, ..., N)
         The inverse permutation: where each position sits in ``order``; its chunk is
         rank // chunk_size.
     has_other : ndarray of bool, shape (..., N)
-        Whether position i sees a key other than itself in some round.
+        Whether position i sees a key other than itself in some round (padded: False).
+    length : ndarray of int, shape (...)
+        L, the real positions of each sequence: the first L of every round's ``order``
+        (N without a key mask).
     """
 
     order: np.ndarray
     rank: np.ndarray
     has_other: np.ndarray
+    length: np.ndarray
 
 
 def default_n_buckets(n, chunk_size):
     """The Reformer's bucket count 2 N / chunk_size, rounded up to an even number >= 2."""
     return max(2, 2 * -(-n // chunk_size))
+
+
+def drop_padded(key_mask, *arrays):
+    """The arrays (..., N, W) with the rows of padded positions (``key_mask`` (..., N)
+    False) set to 0 by ``where``, so that whatever they held (NaN too) reaches nothing."""
+    return tuple(np.where(key_mask[..., None], x, x.dtype.type(0)) for x in arrays)
 
 
 def unit_keys(qk):
@@ -85,34 +108,44 @@ def buckets(k, rotation):
     return np.argmax(np.concatenate([projected, -projected], axis=-1), axis=-1)
 
 
-def hashing(k, *, n_hashes, chunk_size, n_buckets, causal, seed):
+def hashing(k, *, n_hashes, chunk_size, n_buckets, causal, seed, key_mask=None):
     """Sort every round's positions by bucket and find who sees another key: a ``Hashing``.
 
     k : ndarray, shape (..., N, D), the unit keys. n_buckets None: ``default_n_buckets``.
+    key_mask : ndarray of bool, shape (..., N), optional: padded positions (False) go to
+    bucket n_buckets, after every real one, and count as no key.
     Cost: O(n_hashes N (D n_buckets + log N)) time.
     """
     n, c = k.shape[-2], chunk_size
     if n_buckets is None:
         n_buckets = default_n_buckets(n, c)
     positions = np.arange(n)
+    length = np.full(k.shape[:-2], n) if key_mask is None else key_mask.sum(axis=-1)
+    real = positions < length[..., None]                  # sorted slot s holds a real position
     orders, ranks, has_other = [], [], np.zeros(k.shape[:-1], dtype=bool)
     for rotation in rotations(k.shape[-1], n_hashes=n_hashes, n_buckets=n_buckets, seed=seed):
-        order = np.argsort(buckets(k, rotation), axis=-1, kind="stable")   # (bucket, position)
+        bucket = buckets(k, rotation)                                      # (..., N)
+        if key_mask is not None:
+            bucket = np.where(key_mask, bucket, n_buckets)  # a bucket of their own, sorted last
+        order = np.argsort(bucket, axis=-1, kind="stable")                 # (bucket, position)
         rank = np.argsort(order, axis=-1)                                  # its inverse
         chunk = rank // c
         if causal:
-            # i sees another key iff the smallest position of its window is below i
-            low = _chunks(order, c, fill=n).min(axis=-1)                   # (..., n_chunks)
+            # i sees another key iff the smallest real position of its window is below i
+            low = _chunks(np.where(real, order, n), c, fill=n).min(axis=-1)  # (..., n_chunks)
             low[..., 1:] = np.minimum(low[..., 1:], low[..., :-1])  # with the previous
             has_other |= np.take_along_axis(low, chunk, axis=-1) < positions
         else:
-            # i sees another key iff its window holds more than one position
-            size = np.minimum(c, n - c * np.arange(-(-n // c)))            # chunk sizes
-            window = size + np.concatenate([[0], size[:-1]])
-            has_other |= window[chunk] > 1
+            # i sees another key iff its window holds more than one real position
+            size = np.clip(length[..., None] - c * np.arange(-(-n // c)), 0, c)  # per chunk
+            window = size + np.concatenate([np.zeros_like(size[..., :1]), size[..., :-1]],
+                                           axis=-1)
+            has_other |= np.take_along_axis(window, chunk, axis=-1) > 1
         orders.append(order)
         ranks.append(rank)
-    return Hashing(np.stack(orders), np.stack(ranks), has_other)
+    if key_mask is not None:
+        has_other &= key_mask
+    return Hashing(np.stack(orders), np.stack(ranks), has_other, length)
 
 
 def _chunks(order, c, fill):
@@ -165,7 +198,9 @@ class Round(NamedTuple):
 def _round(qk_p, k_p, hashes, r, c, causal):
     """Round r's logits l_ij - log c_ij for the pairs its windows allow, -inf elsewhere."""
     n = qk_p.shape[-2] - 1
-    pos_q = _chunks(hashes.order[r], c, fill=n)                        # (..., n_chunks, c)
+    real = np.arange(n) < hashes.length[..., None]                     # the first L slots
+    order = np.where(real, hashes.order[r], n)                         # padded: no position
+    pos_q = _chunks(order, c, fill=n)                                  # (..., n_chunks, c)
     none = np.full_like(pos_q[..., :1, :], n)
     pos_k = np.concatenate([np.concatenate([none, pos_q[..., :-1, :]], axis=-2), pos_q],
                            axis=-1)                                    # previous chunk, own
@@ -219,7 +254,7 @@ def _forward(qk, k, v, hashes, c, causal):
     return out, lse
 
 
-def attend(qk, v, *, n_hashes, chunk_size, n_buckets, causal, seed):
+def attend(qk, v, *, n_hashes, chunk_size, n_buckets, causal, seed, key_mask=None):
     """LSH attention: out_i = sum_j P_ij v_j, P = softmax of l_ij = qk_i . k_j / sqrt(D)
     over the keys j that ``mask`` allows for i.
 
@@ -229,6 +264,8 @@ def attend(qk, v, *, n_hashes, chunk_size, n_buckets, causal, seed):
     v : ndarray, shape (..., N, M)
     n_hashes, chunk_size, n_buckets, causal, seed
         As in the module docstring.
+    key_mask : ndarray of bool, shape (..., N), optional
+        True for a real position; a padded one is no key to anyone and its output is 0.
 
     Returns
     -------
@@ -239,15 +276,20 @@ def attend(qk, v, *, n_hashes, chunk_size, n_buckets, causal, seed):
     """
     if qk.shape[-2] == 0:
         return np.zeros(v.shape, dtype=v.dtype)
+    if key_mask is not None:
+        qk, v = drop_padded(key_mask, qk, v)
     k, _ = unit_keys(qk)
     hashes = hashing(k, n_hashes=n_hashes, chunk_size=chunk_size, n_buckets=n_buckets,
-                     causal=causal, seed=seed)
+                     causal=causal, seed=seed, key_mask=key_mask)
     return _forward(qk, k, v, hashes, chunk_size, causal)[0]
 
 
-def attend_backward(dout, qk, v, *, n_hashes, chunk_size, n_buckets, causal, seed):
+def attend_backward(dout, qk, v, *, n_hashes, chunk_size, n_buckets, causal, seed,
+                    key_mask=None):
     """Gradients (dqk (..., N, D), dv (..., N, M)) of ``attend``; the hash is piecewise
-    constant, so no gradient flows through it.
+    constant, so no gradient flows through it. With ``key_mask``, dout at padded positions
+    is not read, and dqk, dv there are exactly 0 (their rows were replaced by 0, and no
+    query sees them).
 
     With L_i the final log-sum-exp and P^r_ij = exp(l_ij - log c_ij - L_i) round r's share of
     P_ij (the shares add up to P_ij):  dv_j = sum_r sum_i P^r_ij dout_i,
@@ -257,9 +299,11 @@ def attend_backward(dout, qk, v, *, n_hashes, chunk_size, n_buckets, causal, see
     """
     if qk.shape[-2] == 0:
         return np.zeros(qk.shape, dtype=qk.dtype), np.zeros(v.shape, dtype=v.dtype)
+    if key_mask is not None:
+        qk, v, dout = drop_padded(key_mask, qk, v, dout)
     k, norm = unit_keys(qk)
     hashes = hashing(k, n_hashes=n_hashes, chunk_size=chunk_size, n_buckets=n_buckets,
-                     causal=causal, seed=seed)
+                     causal=causal, seed=seed, key_mask=key_mask)
     out, lse = _forward(qk, k, v, hashes, chunk_size, causal)
     delta = np.sum(dout * out, axis=-1, keepdims=True)         # rowsum(dP * P) = dout_i . out_i
     qk_p, k_p, v_p, dout_p = _pad(qk), _pad(k), _pad(v), _pad(dout)
@@ -277,14 +321,19 @@ def attend_backward(dout, qk, v, *, n_hashes, chunk_size, n_buckets, causal, see
     return dq + unit_keys_backward(dk, k, norm), dv
 
 
-def mask(qk, *, n_hashes, chunk_size, n_buckets, causal, seed):
+def mask(qk, *, n_hashes, chunk_size, n_buckets, causal, seed, key_mask=None):
     """Which keys each query sees: (..., N, N) bool, the union over rounds of each query's
     window (own chunk and the previous one), causal j <= i, and i itself only when it sees
-    nothing else. Dense, O(n_hashes N^2) memory: for tests and teaching."""
+    nothing else. With ``key_mask`` (..., N), rows and columns of padded positions are
+    False: no query sees a padded key, a padded query sees nothing, and a real query that
+    sees no other real key sees itself. Dense, O(n_hashes N^2) memory: for tests and
+    teaching."""
     n = qk.shape[-2]
+    if key_mask is not None:
+        qk, = drop_padded(key_mask, qk)
     k, _ = unit_keys(qk)
     hashes = hashing(k, n_hashes=n_hashes, chunk_size=chunk_size, n_buckets=n_buckets,
-                     causal=causal, seed=seed)
+                     causal=causal, seed=seed, key_mask=key_mask)
     chunk = hashes.rank // chunk_size                            # (H, ..., N)
     gap = chunk[..., :, None] - chunk[..., None, :]              # chunk of i minus chunk of j
     sees = ((gap == 0) | (gap == 1)).any(axis=0)                 # (..., N, N)
@@ -292,4 +341,9 @@ def mask(qk, *, n_hashes, chunk_size, n_buckets, causal, seed):
     other = sees & ~eye
     if causal:
         other &= np.tril(np.ones((n, n), dtype=bool))
-    return other | (eye & ~other.any(axis=-1, keepdims=True))
+    if key_mask is not None:
+        other &= key_mask[..., :, None] & key_mask[..., None, :]  # real queries, real keys
+    alone = ~other.any(axis=-1, keepdims=True)                   # (..., N, 1)
+    if key_mask is not None:
+        alone &= key_mask[..., :, None]                          # a padded query: nothing
+    return other | (eye & alone)

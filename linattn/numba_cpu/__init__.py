@@ -17,6 +17,8 @@ validate once and ``linattn.dispatch`` picks a module here.
 - ``lsh``       Reformer (LSH) attention, chunk by chunk (``forms.lsh`` is its oracle;
                 the public module is ``linattn.lsh``).
 - ``lsh_hash``  its hashing: buckets a tile of rotations at a time, a counting sort.
+- ``lsh_windows``  its walk over a round's sorted positions: windows, runs of chunks,
+                the rows gathered and scattered.
 
 All take ``elu=True`` to apply the paper's feature map, elu+1 (Eq. 7), themselves, to raw q
 and k; the unfused path (NumPy feature map, then the kernel) is what the tests compare to.

@@ -30,6 +30,7 @@ FAMILIES = {
     "flash_tiles": "softmax attention",
     "lsh": "LSH attention",
     "lsh_hash": "LSH attention",
+    "lsh_windows": "LSH attention",
     "decode": "the model's generation step",
     "elu": "the elu+1 feature map",
     "blas": "matrix products",

@@ -1,7 +1,8 @@
 """Reformer (LSH) attention (Kitaev et al., 2020, arXiv:2001.04451), the second baseline of
 Katharopoulos et al. (2020), arXiv:2006.16236: compiled chunk loops, forward and backward.
 
-The hashing and the sort are compiled too (``lsh_hash``). The kernels work one chunk at a
+The hashing and the sort are compiled too (``lsh_hash``), and the walk over a round's
+windows and runs of chunks is in ``lsh_windows``. The kernels work one chunk at a
 time, its queries against its window (the chunk and the one before it, 2 C keys): gather
 their rows, one BLAS product for the logits (``blas.gemm``), mask and correct them, one
 product for the values. The logits are held transposed, keys by queries, as
@@ -29,6 +30,11 @@ ones, and units of one parity touch disjoint keys. (Numba 0.68 mis-compiled a lo
 tuple of arrays inside these parallel loops: each array has its own line.) The large
 arrays are made in Python, where ``tracemalloc`` sees them.
 
+Key padding (``key_mask``), the reference's semantics: padded rows of qk and v are replaced
+by 0 and the hashing sorts padded positions after the real ones, so a row with L real
+positions is, to the chunk loops, a sequence of L sorted positions: they walk its first
+ceil(L / C) chunks and never touch a padded position, whose output and gradients stay 0.
+
 Cost per round: O(N C (D + M + n_hashes)) time for the chunks, and the hashing's
 O(N D n_buckets); memory O(N (D + M)) plus O(C (C + D + M + n_hashes)) per parallel unit.
 Oracle: ``forms.lsh`` (NumPy). Same signatures: already validated arrays.
@@ -43,11 +49,10 @@ from ..forms import lsh
 from .blas import gemm
 from .flash_tiles import exp_nonpositive
 from .lsh_hash import hashing
+from .lsh_windows import (RUN, chunk_runs, chunk_window, gather_rows, load_window,
+                          scatter_add_rows, slide_window)
 
-SUPPORTS = frozenset({"non_causal"})  # options taken by keyword (dispatch)
-
-RUN = 8          # consecutive chunks a parallel unit walks, sharing the rows it gathered
-
+SUPPORTS = frozenset({"non_causal", "key_mask"})  # options taken by keyword (dispatch)
 
 def _rows(x):
     """(..., N, W) -> (R, N, W), C-contiguous."""
@@ -56,57 +61,71 @@ def _rows(x):
 
 class Prepared(NamedTuple):
     """What both passes need, as rows (R = batch x heads): qk and the unit keys k (R, N, D),
-    the norms (R, N), every round's order and chunk (= rank // C) (n_hashes, R, N),
-    has_other (R, N), the logit scale 1 / sqrt(D) and log c for c = 1 .. n_hashes, in the
-    inputs' dtype."""
+    the norms (R, N), every round's order and chunk (= rank // C) (n_hashes, R, N), the
+    real positions of each row, the first of every round's order, length (R,), has_other
+    (R, N), the logit scale 1 / sqrt(D) and log c for c = 1 .. n_hashes, in the inputs'
+    dtype."""
 
     qk: np.ndarray
     k: np.ndarray
     norm: np.ndarray
     order: np.ndarray
+    length: np.ndarray
     chunk: np.ndarray
     has_other: np.ndarray
     scale: np.floating
     log_meets: np.ndarray
 
 
-def _prepare(qk, *, n_hashes, chunk_size, n_buckets, causal, seed):
-    """Unit keys, norms and the hashing: a ``Prepared``."""
+def _prepare(qk, *, n_hashes, chunk_size, n_buckets, causal, seed, key_mask=None):
+    """Unit keys, norms and the hashing: a ``Prepared``. qk already has padded rows 0."""
     k, norm = lsh.unit_keys(qk)
     k_r = _rows(k)
+    rows, n = k_r.shape[:2]
+    mask = None if key_mask is None else np.ascontiguousarray(key_mask.reshape(rows, n))
     order, rank, has_other = hashing(k_r, n_hashes=n_hashes, chunk_size=chunk_size,
-                                     n_buckets=n_buckets, causal=causal, seed=seed)
+                                     n_buckets=n_buckets, causal=causal, seed=seed,
+                                     key_mask=mask)
+    length = np.full(rows, n, np.int64) if mask is None else mask.sum(axis=-1, dtype=np.int64)
     dtype = qk.dtype.type
-    return Prepared(_rows(qk), k_r, norm.reshape(k_r.shape[:2]), order, rank // chunk_size,
+    return Prepared(_rows(qk), k_r, norm.reshape(rows, n), order, length, rank // chunk_size,
                     has_other, dtype(qk.shape[-1] ** -0.5),
                     np.log(np.arange(1, n_hashes + 1)).astype(qk.dtype))
 
 
-def attend(qk, v, *, n_hashes, chunk_size, n_buckets, causal, seed):
-    """LSH attention, the ``forms.lsh.attend`` semantics. qk (..., N, D), v (..., N, M) ->
-    out (..., N, M). Cost O(n_hashes N (D n_buckets + C (D + M + n_hashes)))."""
+def attend(qk, v, *, n_hashes, chunk_size, n_buckets, causal, seed, key_mask=None):
+    """LSH attention, the ``forms.lsh.attend`` semantics. qk (..., N, D), v (..., N, M),
+    key_mask (..., N) optional -> out (..., N, M), 0 at padded positions.
+    Cost O(n_hashes N (D n_buckets + C (D + M + n_hashes)))."""
     if qk.shape[-2] == 0:
         return np.zeros(v.shape, dtype=v.dtype)
+    if key_mask is not None:
+        qk, v = lsh.drop_padded(key_mask, qk, v)
     pre = _prepare(qk, n_hashes=n_hashes, chunk_size=chunk_size, n_buckets=n_buckets,
-                   causal=causal, seed=seed)
+                   causal=causal, seed=seed, key_mask=key_mask)
     out, _ = _forward(pre, _rows(v), chunk_size, causal)
     return out.reshape(v.shape)
 
 
-def attend_backward(dout, qk, v, *, n_hashes, chunk_size, n_buckets, causal, seed):
+def attend_backward(dout, qk, v, *, n_hashes, chunk_size, n_buckets, causal, seed,
+                    key_mask=None):
     """(dqk, dv) of ``attend``, the equations of ``forms.lsh.attend_backward``: the forward
     once for lse and out, then per round dv += P^T dout, dl = P (dout v^T - dout . out) /
-    sqrt(D), dq += dl k, dk += dl^T qk, and dqk = dq + (dk - k (k . dk)) / ||qk||."""
+    sqrt(D), dq += dl k, dk += dl^T qk, and dqk = dq + (dk - k (k . dk)) / ||qk||. Exactly
+    0 at padded positions: the loops never reach them."""
     if qk.shape[-2] == 0:
         return np.zeros(qk.shape, dtype=qk.dtype), np.zeros(v.shape, dtype=v.dtype)
+    if key_mask is not None:
+        qk, v, dout = lsh.drop_padded(key_mask, qk, v, dout)
     pre = _prepare(qk, n_hashes=n_hashes, chunk_size=chunk_size, n_buckets=n_buckets,
-                   causal=causal, seed=seed)
+                   causal=causal, seed=seed, key_mask=key_mask)
     v_r, dout_r = _rows(v), _rows(dout)
     out, lse = _forward(pre, v_r, chunk_size, causal)
     delta = np.einsum("rnm,rnm->rn", dout_r, out)                  # dout_i . out_i
     dq, dk, dv = np.zeros_like(pre.qk), np.zeros_like(pre.qk), np.zeros_like(v_r)
-    _backward_rounds(pre.qk, pre.k, v_r, dout_r, pre.order, pre.chunk, pre.has_other,
-                     chunk_size, causal, pre.scale, pre.log_meets, lse, delta, dq, dk, dv)
+    _backward_rounds(pre.qk, pre.k, v_r, dout_r, pre.order, pre.length, pre.chunk,
+                     pre.has_other, chunk_size, causal, pre.scale, pre.log_meets, lse, delta,
+                     dq, dk, dv)
     _add_unit_keys_backward(dq, dk, pre.k, pre.norm)               # the key side
     return dq.reshape(qk.shape), dv.reshape(v.shape)
 
@@ -119,30 +138,33 @@ def _forward(pre, v, c, causal):
     top = np.full((rows, n), -np.inf, dtype=v.dtype)                # m_i
     total = np.zeros((rows, n), dtype=v.dtype)                      # s_i
     acc = np.zeros(v.shape, dtype=v.dtype)                          # a_i
-    _forward_rounds(pre.qk, pre.k, v, pre.order, pre.chunk, pre.has_other, c, causal,
-                    pre.scale, pre.log_meets, top, total, acc)
-    acc /= total[..., None]                            # s_i > 0: every query sees a key
+    _forward_rounds(pre.qk, pre.k, v, pre.order, pre.length, pre.chunk, pre.has_other, c,
+                    causal, pre.scale, pre.log_meets, top, total, acc)
+    # s_i > 0 for every real query, which sees a key; a padded one saw none: s_i = 1 keeps
+    # its a_i = 0 and its lse -inf
+    np.putmask(total, total == 0, 1)
+    acc /= total[..., None]
     return acc, top + np.log(total)
 
 
 @njit(cache=True, error_model="numpy")
-def _forward_rounds(qk, k, v, order, chunk, has_other, c, causal, scale, log_meets, top,
-                    total, acc):
+def _forward_rounds(qk, k, v, order, length, chunk, has_other, c, causal, scale, log_meets,
+                    top, total, acc):
     """Every round into (m_i, s_i, a_i), one parallel pass over the runs of chunks a round."""
     for h in range(len(order)):
-        _forward_round(qk, k, v, order[h], chunk, has_other, c, causal, scale, log_meets,
-                       top, total, acc)
+        _forward_round(qk, k, v, order[h], length, chunk, has_other, c, causal, scale,
+                       log_meets, top, total, acc)
 
 
 @njit(cache=True, error_model="numpy")
-def _backward_rounds(qk, k, v, dout, order, chunk, has_other, c, causal, scale, log_meets,
-                     lse, delta, dq, dk, dv):
+def _backward_rounds(qk, k, v, dout, order, length, chunk, has_other, c, causal, scale,
+                     log_meets, lse, delta, dq, dk, dv):
     """Every round into dq, dk (with respect to the unit keys) and dv, two parallel passes
     over the runs of chunks a round."""
     for h in range(len(order)):
         for parity in (0, 1):                      # even runs, then odd: no shared keys
-            _backward_round(qk, k, v, dout, order[h], chunk, has_other, c, causal, scale,
-                            log_meets, lse, delta, parity, dq, dk, dv)
+            _backward_round(qk, k, v, dout, order[h], length, chunk, has_other, c, causal,
+                            scale, log_meets, lse, delta, parity, dq, dk, dv)
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
@@ -157,54 +179,6 @@ def _add_unit_keys_backward(dq, dk, k, norm):
                 k_dk += k[r, i, e] * dk[r, i, e]                    # k . dk
             for e in range(d):
                 dq[r, i, e] += (dk[r, i, e] - k[r, i, e] * k_dk) / norm[r, i]
-
-
-@njit(cache=True, error_model="numpy")
-def _gather(x, positions, out):
-    """out[a] = x[positions[a]]: rows of x (N, W) into out (len, W)."""
-    for a in range(positions.size):
-        j = positions[a]
-        for e in range(x.shape[1]):
-            out[a, e] = x[j, e]
-    return out
-
-
-@njit(cache=True, error_model="numpy")
-def _window(order, ch, c):
-    """A chunk's queries, its sorted positions mid .. end, and its window's keys, lo .. end
-    (the previous chunk's, then its own), in a round's order (N,): (mid, lo, end)."""
-    mid = ch * c
-    return mid, max(mid - c, 0), min(mid + c, order.size)
-
-
-@njit(cache=True, error_model="numpy")
-def _runs(n, c):
-    """(chunks, runs): a row's chunks and the runs of ``RUN`` consecutive chunks."""
-    n_chunks = -(-n // c)
-    return n_chunks, -(-n_chunks // RUN)
-
-
-@njit(cache=True, error_model="numpy")
-def _slide(window, ch, c):
-    """Before chunk ch of a run: the rows window (2C, W) held for chunk ch - 1's own keys
-    (from row C, or row 0 for chunk 0, whose window has no previous chunk) become ch's
-    previous keys, rows 0 .. C."""
-    before = c if ch > 1 else 0
-    window[:c] = window[before:before + c]
-
-
-@njit(cache=True, error_model="numpy")
-def _load(window, x, order, ch, c, first):
-    """Rows of x (N, W) for chunk ch's window into window (2C, W), the previous chunk's then
-    its own, in the round's order (N,): slid from chunk ch - 1's when the run walked it
-    (first: the run's first chunk), else gathered. Returns the filled rows."""
-    mid, lo, end = _window(order, ch, c)
-    if ch > first:
-        _slide(window, ch, c)
-    else:
-        _gather(x, order[lo:mid], window[:mid - lo])
-    _gather(x, order[mid:end], window[mid - lo:end - lo])
-    return window[:end - lo]
 
 
 @njit(cache=True, error_model="numpy")
@@ -281,24 +255,27 @@ def _exp_columns(st, shift, total):
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def _forward_round(qk, k, v, order, chunk, has_other, c, causal, scale, log_meets, top,
-                   total, acc):
-    """Add one round to every query's (m_i, s_i, a_i); order (R, N) is this round's. A
-    unit walks a run of chunks in order, so each key row is gathered once (``_load``)."""
+def _forward_round(qk, k, v, order, length, chunk, has_other, c, causal, scale, log_meets,
+                   top, total, acc):
+    """Add one round to every query's (m_i, s_i, a_i); order (R, N) is this round's, its
+    first length[r] entries row r's real positions. A unit walks a run of chunks in order,
+    so each key row is gathered once (``load_window``)."""
     rows, n = order.shape
-    n_chunks, n_runs = _runs(n, c)
+    _, n_runs = chunk_runs(n, c)
     for unit in prange(rows * n_runs):
         r, run = divmod(np.int64(unit), n_runs)                     # prange counts unsigned
         first = run * RUN
+        row = order[r, :length[r]]                                  # the real positions
+        n_chunks, _ = chunk_runs(row.size, c)
         q = np.empty((c, qk.shape[2]), dtype=qk.dtype)
         kw, vw = np.empty((2 * c, k.shape[2]), dtype=k.dtype), np.empty((2 * c, v.shape[2]),
                                                                          dtype=v.dtype)
         for ch in range(first, min(first + RUN, n_chunks)):
-            mid, lo, end = _window(order[r], ch, c)
-            queries, keys, nq = order[r, mid:end], order[r, lo:end], end - mid
-            pt = _logits(_gather(qk[r], queries, q[:nq]), _load(kw, k[r], order[r], ch, c,
-                                                                first),
-                         queries, keys, chunk, has_other[r], r, causal, scale, log_meets)
+            mid, lo, end = chunk_window(row, ch, c)
+            queries, keys, nq = row[mid:end], row[lo:end], end - mid
+            pt = _logits(gather_rows(qk[r], queries, q[:nq]),
+                         load_window(kw, k[r], row, ch, c, first), queries, keys, chunk,
+                         has_other[r], r, causal, scale, log_meets)
             shift = _column_max(pt, np.empty(nq, dtype=pt.dtype))  # this round's maxima
             alpha = np.ones(nq, dtype=pt.dtype)                     # e^{m_i - m_new}
             for a in range(nq):
@@ -312,7 +289,7 @@ def _forward_round(qk, k, v, order, chunk, has_other, c, causal, scale, log_meet
             sums = np.empty(nq, dtype=pt.dtype)
             _exp_columns(pt, shift, sums)                           # e^{l_ij - m}, <= 1
             part = np.empty((nq, v.shape[2]), dtype=pt.dtype)
-            gemm(pt.T, _load(vw, v[r], order[r], ch, c, first), part, 0)   # sum e^{..} v_j
+            gemm(pt.T, load_window(vw, v[r], row, ch, c, first), part, 0)   # sum e^{..} v_j
             for a in range(nq):
                 i = queries[a]
                 total[r, i] = alpha[a] * total[r, i] + sums[a]
@@ -322,10 +299,11 @@ def _forward_round(qk, k, v, order, chunk, has_other, c, causal, scale, log_meet
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def _backward_round(qk, k, v, dout, order, chunk, has_other, c, causal, scale, log_meets,
-                    lse, delta, parity, dq, dk, dv):
+def _backward_round(qk, k, v, dout, order, length, chunk, has_other, c, causal, scale,
+                    log_meets, lse, delta, parity, dq, dk, dv):
     """Add one round's share to dq, dk (with respect to the unit keys) and dv, for the runs
-    of one ``parity``; order (R, N) is this round's.
+    of one ``parity``; order (R, N) is this round's, its first length[r] entries row r's
+    real positions.
 
     A unit walks a run of chunks in order. A key's gradient gathers from its own chunk's
     queries and from the next chunk's, so the run holds the window's gradient rows (the
@@ -333,53 +311,47 @@ def _backward_round(qk, k, v, dout, order, chunk, has_other, c, causal, scale, l
     are in; a run's first chunk and its last add what they have, and the runs next to it
     (the other parity) the rest."""
     rows, n = order.shape
-    n_chunks, n_runs = _runs(n, c)
+    _, n_runs = chunk_runs(n, c)
     per_row = (n_runs + 1 - parity) // 2
     d, m = k.shape[2], v.shape[2]
     for unit in prange(rows * per_row):
         r, u = divmod(np.int64(unit), per_row)
         first = (2 * u + parity) * RUN
+        row = order[r, :length[r]]                                  # the real positions
+        n_chunks, _ = chunk_runs(row.size, c)
         q, dout_q = np.empty((c, d), dtype=qk.dtype), np.empty((c, m), dtype=v.dtype)
         kw, vw = np.empty((2 * c, d), dtype=k.dtype), np.empty((2 * c, m), dtype=v.dtype)
         dk_w, dv_w = np.zeros((2 * c, d), dtype=k.dtype), np.zeros((2 * c, m), dtype=v.dtype)
         for ch in range(first, min(first + RUN, n_chunks)):
-            mid, lo, end = _window(order[r], ch, c)
-            queries, keys, nq, nk = order[r, mid:end], order[r, lo:end], end - mid, end - lo
+            mid, lo, end = chunk_window(row, ch, c)
+            queries, keys, nq, nk = row[mid:end], row[lo:end], end - mid, end - lo
             if ch > first:                                          # the last chunk's own
-                _slide(dk_w, ch, c)                                 # keys become previous
-                _slide(dv_w, ch, c)
+                slide_window(dk_w, ch, c)                                 # keys become previous
+                slide_window(dv_w, ch, c)
                 dk_w[c:], dv_w[c:] = 0, 0
-            q_rows = _gather(qk[r], queries, q[:nq])
-            kw_rows = _load(kw, k[r], order[r], ch, c, first)
+            q_rows = gather_rows(qk[r], queries, q[:nq])
+            kw_rows = load_window(kw, k[r], row, ch, c, first)
             pt = _logits(q_rows, kw_rows, queries, keys, chunk, has_other[r], r, causal,
                          scale, log_meets)
             lse_q, delta_q = np.empty(nq, dtype=pt.dtype), np.empty(nq, dtype=pt.dtype)
             for a in range(nq):
                 lse_q[a], delta_q[a] = lse[r, queries[a]], delta[r, queries[a]]
             _exp_columns(pt, lse_q, np.empty(nq, dtype=pt.dtype))  # P^r_ij, transposed
-            dout_rows = _gather(dout[r], queries, dout_q[:nq])
+            dout_rows = gather_rows(dout[r], queries, dout_q[:nq])
             gemm(pt, dout_rows, dv_w[:nk], 1)                       # dv += P^T dout
             dpt = np.empty(pt.shape, dtype=pt.dtype)
-            gemm(_load(vw, v[r], order[r], ch, c, first), dout_rows.T, dpt, 0)  # dout_i . v_j
+            gemm(load_window(vw, v[r], row, ch, c, first), dout_rows.T, dpt, 0)  # dout_i . v_j
             for b in range(nk):
                 for a in range(nq):
                     pt[b, a] *= (dpt[b, a] - delta_q[a]) * scale    # dl_ij
             dq_c = np.empty((nq, d), dtype=pt.dtype)
             gemm(pt.T, kw_rows, dq_c, 0)                            # dq = dl k
             gemm(pt, q_rows, dk_w[:nk], 1)                          # dk += dl^T qk
-            _scatter_add(dq[r], queries, dq_c)
+            scatter_add_rows(dq[r], queries, dq_c)
             previous = keys[:mid - lo]                              # their gradients are in
-            _scatter_add(dk[r], previous, dk_w[:previous.size])
-            _scatter_add(dv[r], previous, dv_w[:previous.size])
+            scatter_add_rows(dk[r], previous, dk_w[:previous.size])
+            scatter_add_rows(dv[r], previous, dv_w[:previous.size])
             if ch == min(first + RUN, n_chunks) - 1:                # the run's last chunk
-                _scatter_add(dk[r], queries, dk_w[mid - lo:nk])
-                _scatter_add(dv[r], queries, dv_w[mid - lo:nk])
+                scatter_add_rows(dk[r], queries, dk_w[mid - lo:nk])
+                scatter_add_rows(dv[r], queries, dv_w[mid - lo:nk])
 
-
-@njit(cache=True, error_model="numpy")
-def _scatter_add(x, positions, rows):
-    """x[positions[a]] += rows[a] for every a (distinct positions)."""
-    for a in range(positions.size):
-        x_a = x[positions[a]]
-        for e in range(x.shape[1]):
-            x_a[e] += rows[a, e]

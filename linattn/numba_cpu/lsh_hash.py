@@ -15,6 +15,9 @@ in compiled code: buckets, the sort by (bucket, position) and who sees another k
   argsort is O(N log N).
 - has_other: as the reference: a window (a chunk and the one before) of two or more
   positions, or, causal, one holding a position below i.
+- key padding: as the reference, a padded position goes to bucket n_buckets, one past the
+  real ones, so the counting sort puts it after every real position; has_other then reads
+  only the first L sorted positions, the real ones.
 
 Cost per round: O(N D n_buckets) for the products (the default n_buckets grows with N, so
 this term is quadratic in N: the Reformer's choice), O(N n_buckets) for the argmax, O(N +
@@ -135,10 +138,11 @@ def has_other_into(order, c, causal, out):
     positions are ``order`` (N,): a window (its chunk and the one before) of two or more
     positions, or, causal, one holding a position below i."""
     n = order.size
-    previous_low = n                                               # no chunk before the first
+    none = np.iinfo(order.dtype).max                               # above every position
+    previous_low = none                                            # no chunk before the first
     for mid in range(0, n, c):
         end = min(mid + c, n)
-        low = n
+        low = none
         for a in range(mid, end):
             low = min(low, order[a])
         window_low = min(low, previous_low)                        # the window's least position
@@ -151,18 +155,20 @@ def has_other_into(order, c, causal, out):
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def _sort(bucket, n_buckets, c, causal, order, rank, has_other):
-    """Every round's sort and has_other for bucket (H, R, N), one row a unit."""
+def _sort(bucket, n_buckets, c, causal, length, order, rank, has_other):
+    """Every round's sort and has_other for bucket (H, R, N), one row a unit; length (R,):
+    the real positions, sorted first, that has_other reads."""
     n_hashes, rows, _ = bucket.shape
     for r in prange(rows):
         has_other[r] = False
         for h in range(n_hashes):
             sort_by_bucket(bucket[h, r], n_buckets, order[h, r], rank[h, r])
-            has_other_into(order[h, r], c, causal, has_other[r])
+            has_other_into(order[h, r, :length[r]], c, causal, has_other[r])
 
 
-def hashing(k, *, n_hashes, chunk_size, n_buckets, causal, seed):
-    """Every round's sort and who sees another key, for k (R, N, D) the unit keys, as rows.
+def hashing(k, *, n_hashes, chunk_size, n_buckets, causal, seed, key_mask=None):
+    """Every round's sort and who sees another key, for k (R, N, D) the unit keys, as rows;
+    key_mask (R, N), optional, True for a real position: padded ones are sorted last.
 
     Returns
     -------
@@ -171,6 +177,7 @@ def hashing(k, *, n_hashes, chunk_size, n_buckets, causal, seed):
     rank : ndarray of int64, shape (n_hashes, R, N)
         Where each position sits in ``order``; its chunk is rank // chunk_size.
     has_other : ndarray of bool, shape (R, N)
+        Whether position i sees a key other than itself in some round (padded: False).
 
     The rotations are ``forms.lsh.rotations`` (one seed, shared by the rows), cast to k's
     dtype. Cost: O(n_hashes N (D n_buckets + n_buckets)) time, O(n_hashes N) memory.
@@ -182,7 +189,11 @@ def hashing(k, *, n_hashes, chunk_size, n_buckets, causal, seed):
     rotations_t = np.ascontiguousarray(rotations.astype(k.dtype).swapaxes(1, 2))  # (H, B/2, D)
     bucket = np.empty((n_hashes, rows, n), dtype=np.int64)
     buckets(k, rotations_t, bucket)
+    length = np.full(rows, n, dtype=np.int64)
+    if key_mask is not None:
+        bucket[:, ~key_mask] = n_buckets                           # a bucket of their own
+        length = key_mask.sum(axis=-1, dtype=np.int64)
     order, rank = np.empty_like(bucket), np.empty_like(bucket)
     has_other = np.empty((rows, n), dtype=np.bool_)
-    _sort(bucket, n_buckets, chunk_size, causal, order, rank, has_other)
+    _sort(bucket, n_buckets + 1, chunk_size, causal, length, order, rank, has_other)
     return order, rank, has_other
