@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from helpers import FEATURE_MAP_NAMES, assert_gradients_match
-from linattn.model.attention import attention, attention_backward, merge_heads, split_heads
+from linattn.model.attention import (attend, attend_backward, attention, attention_backward,
+                                     merge_heads, split_heads)
 from linattn.model.config import ModelConfig
 
 NAMES = ("wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo")
@@ -122,3 +123,30 @@ def test_padded_non_causal_attention(attention_kind):
         return (dx, *(grads[n] for n in names))
 
     assert_gradients_match(f, f_backward, [x, *(weights[n] for n in names)])
+
+
+@pytest.mark.parametrize("attention_kind, extra", [
+    ("softmax", {}), ("linear", {}), ("lsh", dict(n_hashes=2, lsh_chunk_size=2))])
+def test_padded_batch_attends_in_one_call_whatever_the_padding_holds(attention_kind, extra):
+    # NaN in every padded key and value, loud noise in every padded query: masked keys and
+    # zeroed padded queries, so each sequence's real rows are what it gets alone and the
+    # padded rows are 0; dropping the mask would spread the NaN into every real row
+    cfg = _config(attention_kind, "elu+1", **extra)._replace(causal=False)
+    rng = np.random.default_rng(7)
+    q, k, v, dout = (rng.standard_normal((3, 2, 6, 4)) for _ in range(4))
+    lengths = np.array([6, 2, 4])
+    padded = np.broadcast_to((np.arange(6) >= lengths[:, None])[:, None], (3, 2, 6))
+    k[padded], v[padded] = np.nan, np.nan
+    q[padded] = 1e3 * rng.standard_normal(q[padded].shape)
+    k = None if attention_kind == "lsh" else k
+    out = attend(q, k, v, cfg, lengths)
+    grads = attend_backward(dout, q, k, v, cfg, lengths)
+    assert np.all(out[padded] == 0)
+    for g in grads:
+        assert g is None or np.all(g[padded] == 0)
+    for b, n in enumerate(lengths):
+        alone = [None if a is None else a[b, :, :n] for a in (q, k, v)]
+        np.testing.assert_allclose(out[b, :, :n], attend(*alone, cfg), rtol=1e-12, atol=1e-14)
+        for g, want in zip(grads, attend_backward(dout[b, :, :n], *alone, cfg)):
+            if want is not None:
+                np.testing.assert_allclose(g[b, :, :n], want, rtol=1e-12, atol=1e-14)

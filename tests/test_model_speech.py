@@ -63,6 +63,66 @@ def test_padded_batch_equals_each_utterance_alone(model):
     assert len(decode(params, cfg, batch)) == 4
 
 
+def _noisy_padding(batch, seed):
+    """``batch`` with loud random frames past each utterance's length instead of zeros."""
+    real = np.arange(batch.features.shape[1]) < batch.input_lengths[:, None]      # (B, T)
+    noise = 10 * np.random.default_rng(seed).standard_normal(batch.features.shape)
+    return batch._replace(features=np.where(real[..., None], batch.features, noise))
+
+
+def _alone(batch, b):
+    """Utterance b of ``batch`` as a batch of one, without padding."""
+    n, m = batch.input_lengths[b], batch.label_lengths[b]
+    return batch._replace(features=batch.features[b:b + 1, :n],
+                          input_lengths=batch.input_lengths[b:b + 1],
+                          labels=batch.labels[b:b + 1, :m],
+                          label_lengths=batch.label_lengths[b:b + 1])
+
+
+@pytest.mark.parametrize("path", ["lean", "reference"])
+@pytest.mark.parametrize("model", [m for m in MODELS if m != "bilstm"])
+def test_padded_batch_loss_and_gradients_are_each_utterance_alone(model, path):
+    # the batch's loss is sum_b nll_b / sum_b L_b, so it and its gradients are the
+    # label-weighted sums of each utterance's alone; the padded frames hold loud noise,
+    # which would reach every real frame if the attention read padded keys
+    cfg = SpeechConfig(model=model, **TINY)
+    params = init_params(cfg, seed=5)
+    batch = _noisy_padding(_batch(n=4), seed=6)
+    assert len(set(batch.input_lengths)) > 1                        # padding is exercised
+    loss, grads = loss_and_grads(params, cfg, batch, path=path)
+    want_loss, want = 0.0, {name: 0.0 for name in params}
+    for b in range(len(batch.input_lengths)):
+        loss_b, grads_b = loss_and_grads(params, cfg, _alone(batch, b), path=path)
+        weight = batch.label_lengths[b] / batch.label_lengths.sum()
+        want_loss += weight * loss_b
+        want = {name: want[name] + weight * grads_b[name] for name in params}
+    assert loss == pytest.approx(want_loss, rel=1e-12)
+    scale = max(np.max(np.abs(w)) for w in want.values())
+    for name in params:
+        np.testing.assert_allclose(grads[name], want[name], rtol=1e-10, atol=1e-13 * scale,
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize("model", [m for m in MODELS if m != "bilstm"])
+def test_padded_frames_would_show_without_the_mask(model):
+    # the check above has power: read as real frames (no padding), the same noisy frames
+    # change the first utterance's loss; and the lean path is the reference on padding
+    cfg = SpeechConfig(model=model, **TINY)
+    params = init_params(cfg, seed=5)
+    batch = _noisy_padding(_batch(n=4), seed=6)
+    short = int(np.argmin(batch.input_lengths))
+    alone = _alone(batch, short)
+    unmasked = alone._replace(features=batch.features[short:short + 1],
+                              input_lengths=np.array([batch.features.shape[1]]))
+    assert not np.isclose(_loss(params, cfg, unmasked), _loss(params, cfg, alone), rtol=1e-3)
+    loss, grads = loss_and_grads(params, cfg, batch)
+    want_loss, want = loss_and_grads(params, cfg, batch, path="reference")
+    assert loss == pytest.approx(want_loss, rel=1e-12)
+    for name in params:
+        np.testing.assert_allclose(grads[name], want[name], rtol=1e-10, atol=1e-14,
+                                   err_msg=name)
+
+
 @pytest.mark.parametrize("model", [m for m in MODELS if m != "bilstm"])
 def test_encoder_reads_the_whole_utterance(model):
     # non-causal: the last frame changes the first frame's scores

@@ -13,12 +13,13 @@ only. Its hash rounds use the fixed seed ``LSH_SEED`` in every layer and step, s
 is deterministic. Causal LSH hides the values of later positions, but not their hashes:
 they move the chunk boundaries, so an earlier output can change when a later token does.
 
-Padded batches (the speech encoder): the core functions take no key padding mask, and
-linear attention could not honour one by zeroing keys (elu+1 features are always positive).
-So with ``lengths`` given, each sequence attends over its own first ``lengths[b]`` positions
-in a call of its own, and padded positions get a zero output. The projections stay batched;
-padded positions never reach real ones, since attention is the only layer that mixes
-positions. Cost: B attention calls per layer instead of one.
+Padded batches (the speech encoder): with ``lengths`` given, sequence b holds
+``lengths[b]`` real positions, then padding. Softmax and linear attention take them as the
+core's ``key_lengths`` in one call for the whole batch: a padded key adds nothing to any
+sum, whatever it holds, and the outputs at padded queries are set to 0 (their upstream
+gradient too, in the backward). LSH attention has no key mask, so it keeps one call per
+sequence over its own positions. Either way padded positions never reach real ones, since
+attention is the only layer that mixes positions.
 
 Heads are laid out (batch, heads, N, d_head), so the core functions see leading axes only.
 Reference: the core's own oracles; the layer's backward is held to finite differences in
@@ -70,62 +71,86 @@ def _lsh_options(cfg):
                 seed=LSH_SEED)
 
 
-def attend(q, k, v, cfg):
+def real_positions(lengths, n):
+    """(B, N) bool: True at the first ``lengths[b]`` positions of each sequence b."""
+    return np.arange(n) < np.asarray(lengths)[:, None]
+
+
+def _zero_padded(a, lengths):
+    """a (B, H, N, d_head) with the rows of padded positions set to 0 (NaN included)."""
+    real = real_positions(lengths, a.shape[-2])[:, None, :, None]        # (B, 1, N, 1)
+    return np.where(real, a, a.dtype.type(0))
+
+
+def attend(q, k, v, cfg, lengths=None):
     """Attention per head, by ``cfg.attention``: softmax, Eq. (2) (with the mask of Eq. (8)
     if ``cfg.causal``), linear, Eq. (5) (Eq. (9) if ``cfg.causal``), or LSH (q shared with
     the keys, k unused).
 
-    q, k, v (..., N, d_head) -> (..., N, d_head). Softmax costs O(N^2 d_head), linear
-    O(N d_head^2), LSH O(n_hashes N C d_head) plus its hashing (``backend="auto"``: the
-    fastest available backend).
+    q, k, v (..., N, d_head) -> (..., N, d_head). With ``lengths`` (B,), the real positions
+    of each sequence of a padded batch (B, H, N, d_head): sequence b attends over its first
+    ``lengths[b]`` keys only, in one call with ``key_lengths`` (one call per sequence for
+    LSH, which has no key mask), and its padded positions get 0. Softmax costs O(N^2
+    d_head), linear O(N d_head^2), LSH O(n_hashes N C d_head) plus its hashing
+    (``backend="auto"``: the fastest available backend that takes the call's options).
     """
+    if lengths is not None and cfg.attention == "lsh":
+        return _attend_each(q, v, cfg, lengths)
+    # (B, 1): one length per sequence, shared by its heads
+    keys = None if lengths is None else np.asarray(lengths)[:, None]
     if cfg.attention == "softmax":
-        return softmax_attention(q, k, v, causal=cfg.causal)
+        out = softmax_attention(q, k, v, causal=cfg.causal, key_lengths=keys)
+    elif cfg.attention == "lsh":
+        out = lsh_attention(q, v, **_lsh_options(cfg))
+    else:
+        out = linear_attention(q, k, v, causal=cfg.causal, feature_map=cfg.feature_map,
+                               backend="auto", key_lengths=keys)
+    return out if lengths is None else _zero_padded(out, lengths)
+
+
+def attend_backward(dout, q, k, v, cfg, lengths=None):
+    """Backward of ``attend`` (``lengths`` as given to it): (dq, dk, dv), from the core's
+    hand-written backward passes; for LSH dq is dqk and dk is None. With ``lengths`` all
+    three are 0 at padded positions: the core zeroes dk and dv at padded keys, and the
+    outputs at padded queries were set to 0, so their upstream gradient and dq are 0."""
+    if lengths is None:
+        return _attend_backward(dout, q, k, v, cfg)
     if cfg.attention == "lsh":
-        return lsh_attention(q, v, **_lsh_options(cfg))
-    return linear_attention(q, k, v, causal=cfg.causal, feature_map=cfg.feature_map,
-                            backend="auto")
+        return _attend_each_backward(dout, q, v, cfg, lengths)
+    dq, dk, dv = _attend_backward(_zero_padded(dout, lengths), q, k, v, cfg,
+                                  np.asarray(lengths)[:, None])
+    return _zero_padded(dq, lengths), dk, dv
 
 
-def attend_backward(dout, q, k, v, cfg):
-    """Backward of ``attend``: (dq, dk, dv), from the core's hand-written backward passes;
-    for LSH dq is dqk and dk is None."""
+def _attend_backward(dout, q, k, v, cfg, key_lengths=None):
+    """The core's backward for ``cfg.attention``: (dq, dk, dv), (dqk, None, dv) for LSH."""
     if cfg.attention == "softmax":
-        return softmax_attention_backward(dout, q, k, v, causal=cfg.causal)
+        return softmax_attention_backward(dout, q, k, v, causal=cfg.causal,
+                                          key_lengths=key_lengths)
     if cfg.attention == "lsh":
         dqk, dv = lsh_attention_backward(dout, q, v, **_lsh_options(cfg))
         return dqk, None, dv
     return linear_attention_backward(dout, q, k, v, causal=cfg.causal,
-                                     feature_map=cfg.feature_map, backend="auto")
+                                     feature_map=cfg.feature_map, backend="auto",
+                                     key_lengths=key_lengths)
 
 
-def attend_padded(q, k, v, cfg, lengths=None):
-    """``attend`` on a padded batch: sequence b over its first ``lengths[b]`` positions only.
-
-    q, k, v (B, H, N, d_head) -> (B, H, N, d_head), zero at padded positions. With
-    ``lengths`` None every sequence is N long: one call of ``attend``.
-    """
-    if lengths is None:
-        return attend(q, k, v, cfg)
+def _attend_each(qk, v, cfg, lengths):
+    """LSH attention on a padded batch, sequence b over its own first ``lengths[b]``
+    positions in a call of its own (LSH takes no key mask); 0 at padded positions."""
     out = np.zeros_like(v)
     for b, n in enumerate(lengths):
-        out[b, :, :n] = attend(q[b, :, :n], None if k is None else k[b, :, :n], v[b, :, :n],
-                               cfg)
+        out[b, :, :n] = lsh_attention(qk[b, :, :n], v[b, :, :n], **_lsh_options(cfg))
     return out
 
 
-def attend_padded_backward(dout, q, k, v, cfg, lengths=None):
-    """Backward of ``attend_padded``: (dq, dk, dv), zero at padded positions."""
-    if lengths is None:
-        return attend_backward(dout, q, k, v, cfg)
-    grads = tuple(None if a is None else np.zeros_like(a) for a in (q, k, v))
+def _attend_each_backward(dout, qk, v, cfg, lengths):
+    """Backward of ``_attend_each``: (dqk, None, dv), 0 at padded positions."""
+    dqk, dv = np.zeros_like(qk), np.zeros_like(v)
     for b, n in enumerate(lengths):
-        parts = attend_backward(dout[b, :, :n], q[b, :, :n],
-                                None if k is None else k[b, :, :n], v[b, :, :n], cfg)
-        for g, part in zip(grads, parts):
-            if g is not None:
-                g[b, :, :n] = part
-    return grads
+        dqk[b, :, :n], dv[b, :, :n] = lsh_attention_backward(
+            dout[b, :, :n], qk[b, :, :n], v[b, :, :n], **_lsh_options(cfg))
+    return dqk, None, dv
 
 
 def attention(p, x, cfg, lengths=None):
@@ -149,7 +174,7 @@ def attention(p, x, cfg, lengths=None):
     """
     q, k, v = (None if n == "k" and cfg.attention == "lsh"  # LSH: q is also the keys
                else split_heads(linear(x, p["w" + n], p["b" + n]), cfg.n_heads) for n in "qkv")
-    heads = merge_heads(attend_padded(q, k, v, cfg, lengths))   # (B, N, d_model)
+    heads = merge_heads(attend(q, k, v, cfg, lengths))   # (B, N, d_model)
     return linear(heads, p["wo"], p["bo"]), AttentionCache(q, k, v, heads)
 
 
@@ -165,7 +190,7 @@ def attention_backward(dy, p, x, cache, cfg, lengths=None):
     grads = {}
     dheads, grads["wo"], grads["bo"] = linear_backward(dy, cache.heads, p["wo"], p["bo"])
     dout = split_heads(dheads, cfg.n_heads)                   # (B, H, N, d_head)
-    dqkv = attend_padded_backward(dout, cache.q, cache.k, cache.v, cfg, lengths)
+    dqkv = attend_backward(dout, cache.q, cache.k, cache.v, cfg, lengths)
     dx = 0
     for name, dh in zip("qkv", dqkv):
         if dh is None:                                        # LSH: W_K unused

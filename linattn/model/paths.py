@@ -5,10 +5,12 @@ Eq. (2)-(9)), is computed by one of two paths, the same functions up to rounding
 
 - ``"lean"``, the default: the compiled path of ``model.fast``. Training runs
   ``fast.lean.forward`` and ``backward`` (compiled element layers, activations kept) and
-  ``fast.optim.adam_update`` (one compiled pass a parameter); generation runs the token
-  loop of ``fast.token_loop``.
+  ``fast.optim.adam_update`` (one compiled pass a parameter); the speech encoder runs its
+  blocks, ``fast.lean.block`` and ``block_backward``; generation runs the token loop of
+  ``fast.token_loop``.
 - ``"reference"``: the NumPy model a student reads, ``transformer.forward`` and
-  ``backward``, ``optim.adam_update``, and ``token_step.step`` a token at a time. It is
+  ``backward`` (``block`` and ``block_backward`` for the speech encoder),
+  ``optim.adam_update``, and ``token_step.step`` a token at a time. It is
   what the lean path is tested against (tests/test_model_lean.py, test_model_optim.py,
   test_model_generate.py).
 
@@ -31,23 +33,28 @@ class Path(NamedTuple):
     ``forward(params, cfg, ids) -> (logits, cache)``,
     ``backward(dlogits, params, cfg, cache) -> grads``,
     ``adam_update(params, grads, state, adam_cfg) -> (params, state, norm)``,
-    ``next_logits(params, cfg, tokens)``: the next-token logits of each position, yielded
-    one at a time (see ``token_step.next_logits``)."""
+    ``next_logits(params, cfg, tokens, n_prompt)``: the next-token logits of each position
+    from the prompt's last on, yielded one at a time (see ``token_step.next_logits``),
+    ``block(p, x, cfg, lengths) -> (y, cache)`` and
+    ``block_backward(dy, p, cache, cfg, lengths) -> (dx, grads)``: one block, for the
+    speech encoder (``speech.encoder``)."""
 
     forward: Callable
     backward: Callable
     adam_update: Callable
     next_logits: Callable
+    block: Callable
+    block_backward: Callable
 
 
 def resolve(path):
     """The functions of ``path``, "lean" or "reference"; else a ValueError naming both."""
     if path == "lean":
         return Path(lean.forward, lean.backward, fast_optim.adam_update,
-                    token_loop.next_logits)
+                    token_loop.next_logits, lean.block, lean.block_backward)
     if path == "reference":
         return Path(transformer.forward, transformer.backward, optim.adam_update,
-                    token_step.next_logits)
+                    token_step.next_logits, transformer.block, transformer.block_backward)
     raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
 
 

@@ -4,9 +4,10 @@ V from one matrix product.
 Q = x W_Q, K = x W_K, V = x W_V (Eq. 2 of Katharopoulos et al. (2020), arXiv:2006.16236) as
 x [W_Q W_K W_V], one product with the three weights side by side; their biases added and the
 heads split in one compiled pass (``fused.heads_from_projections``, and
-``fused.projections_from_heads`` back); each head attends by the reference's ``attend``;
-and b_O is left to the caller's residual add (``fused.add_layer_norm``). LSH shares queries
-and keys, so its one product has two parts, [W_Q W_V].
+``fused.projections_from_heads`` back); each head attends by the reference's ``attend``
+(a padded batch in one call, with ``lengths``); and b_O is left to the caller's residual
+add (``fused.add_layer_norm``). LSH shares queries and keys, so its one product has two
+parts, [W_Q W_V].
 Reference: ``attention.attention`` and ``attention_backward`` (tests/test_model_lean.py
 holds the whole model on this path to the reference's).
 """
@@ -27,7 +28,7 @@ def _stacked(p, names, prefix):
     return np.concatenate([p[prefix + name] for name in names], axis=-1)
 
 
-def attention_fused(p, x, cfg):
+def attention_fused(p, x, cfg, lengths=None):
     """``attention.attention`` as the compiled path computes it: Q, K, V from one matrix
     product x [W_Q W_K W_V] + [b_Q b_K b_V], and heads W_O without b_O, which the caller
     adds with the residual (``fused.add_layer_norm``).
@@ -37,6 +38,9 @@ def attention_fused(p, x, cfg):
     p : dict, as for ``attention.attention``
     x : ndarray, shape (B, N, d_model)
     cfg : ModelConfig
+    lengths : sequence of int, optional
+        Real positions per sequence of a padded batch (see ``attention.attend``); None: all
+        N are real.
 
     Returns
     -------
@@ -55,13 +59,13 @@ def attention_fused(p, x, cfg):
                                          cfg.n_heads)
     heads_in = dict(zip(names, parts))
     q, k, v = heads_in["q"], heads_in.get("k"), heads_in["v"]
-    heads = fused.projections_from_heads(attend(q, k, v, cfg))       # (B N, d_model)
+    heads = fused.projections_from_heads(attend(q, k, v, cfg, lengths))  # (B N, d_model)
     return (heads @ p["wo"]).reshape(b, n, d), AttentionCache(q, k, v, heads)
 
 
-def attention_fused_backward(dy, p, x, cache, cfg):
-    """Backward of ``attention_fused``: (dx, grads of ``wq, bq, ..., wo, bo``), b_O's
-    gradient included (the sum of dy over positions).
+def attention_fused_backward(dy, p, x, cache, cfg, lengths=None):
+    """Backward of ``attention_fused`` (``lengths`` as given to it): (dx, grads of ``wq, bq,
+    ..., wo, bo``), b_O's gradient included (the sum of dy over positions).
 
     With dP the gradient of the one product's output: dx = dP [W_Q W_K W_V]^T and
     [dW_Q dW_K dW_V] = x^T dP, one product each.
@@ -71,7 +75,7 @@ def attention_fused_backward(dy, p, x, cache, cfg):
     dy2 = dy.reshape(-1, d)
     grads = {"wo": cache.heads.reshape(-1, d).T @ dy2, "bo": dy2.sum(axis=0)}
     dout = split_heads((dy2 @ p["wo"].T).reshape(b, n, d), cfg.n_heads)
-    dq, dk, dv = attend_backward(dout, cache.q, cache.k, cache.v, cfg)
+    dq, dk, dv = attend_backward(dout, cache.q, cache.k, cache.v, cfg, lengths)
     dproj = fused.projections_from_heads(*(dh for dh in (dq, dk, dv) if dh is not None))
     # dproj: (B N, P d_model), the gradient of the one product's output
     dx = (dproj @ _stacked(p, names, "w").T).reshape(x.shape)

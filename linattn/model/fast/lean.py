@@ -41,11 +41,12 @@ def _rows(x):
     return x.reshape(-1, x.shape[-1])
 
 
-def block(p, x, cfg):
-    """One pre-norm block, x (B, N, d_model) -> (y, LeanBlockCache); ``transformer.block``
-    without padding (``lengths``). Cost: as the reference's, in fewer passes."""
+def block(p, x, cfg, lengths=None):
+    """One pre-norm block, x (B, N, d_model) -> (y, LeanBlockCache): ``transformer.block``.
+    ``lengths``: real positions per sequence of a padded batch (see ``attention.attend``).
+    Cost: as the reference's, in fewer passes."""
     h1, ln1 = fused.layer_norm(x, p["ln1_g"], p["ln1_b"])
-    a, attn = attention_fused(p, h1, cfg)
+    a, attn = attention_fused(p, h1, cfg, lengths)
     x_mid, h2, ln2 = fused.add_layer_norm(x, a, p["bo"], p["ln2_g"], p["ln2_b"])
     u = _rows(h2) @ p["w1"]                                   # (B N, d_mlp)
     if cfg.activation == "gelu":
@@ -59,8 +60,9 @@ def block(p, x, cfg):
     return y.reshape(x.shape), LeanBlockCache(h1, ln1, attn, h2, ln2, u, g)
 
 
-def block_backward(dy, p, cache, cfg):
-    """Backward of ``block``: (dx, grads of the block's parameters by short name)."""
+def block_backward(dy, p, cache, cfg, lengths=None):
+    """Backward of ``block`` (``lengths`` as given to it): (dx, grads of the block's
+    parameters by short name)."""
     grads = {}
     dy2 = _rows(dy)
     # MLP branch: y = x' + g W2 + b2, g = act(u), u = h2 W1 + b1
@@ -76,7 +78,8 @@ def block_backward(dy, p, cache, cfg):
     dx_mid, grads["ln2_g"], grads["ln2_b"] = fused.layer_norm_backward(
         dh2, cache.ln2, p["ln2_g"], residual=dy)
     # attention branch: x' = x + A(h1) + b_O, h1 = LN(x)
-    dh1, attn_grads = attention_fused_backward(dx_mid, p, cache.h1, cache.attn, cfg)
+    dh1, attn_grads = attention_fused_backward(dx_mid, p, cache.h1, cache.attn, cfg,
+                                                 lengths)
     grads.update(attn_grads)
     dx, grads["ln1_g"], grads["ln1_b"] = fused.layer_norm_backward(
         dh1, cache.ln1, p["ln1_g"], residual=dx_mid)

@@ -10,20 +10,23 @@ whole utterance and scores every frame for CTC.
 
 The attention goes through ``attention.attend`` with the config's ``attention`` and
 ``causal=False``, so every attention that function knows serves here too. Padded frames:
-each utterance attends over its own frames only (``attention.attend_padded``: one core call
-per utterance), and every other layer works frame by frame, so padding reaches no real frame
-and a padded batch gives each utterance the logits it would get alone.
-Reference: tests/test_model_speech.py holds the backward to central finite differences and
-the padded batch to each utterance alone.
+the whole padded batch attends in one core call per layer, each utterance over its own
+frames only (``attention.attend`` with ``lengths``: the core's ``key_lengths``), and every
+other layer works frame by frame, so padding reaches no real frame and a padded batch gives
+each utterance the logits and gradients it would get alone. The blocks run on the path
+``path`` names (``model.paths``): "lean", the compiled blocks of ``fast.lean``, or
+"reference", ``transformer.block``.
+Reference: tests/test_model_speech.py holds the backward to central finite differences,
+the lean path to the reference, and the padded batch to each utterance alone.
 """
 from typing import NamedTuple
 
 import numpy as np
 
+from .. import paths
 from ..config import check_config
 from ..layers import layer_norm, layer_norm_backward, linear, linear_backward
-from ..transformer import (block, block_backward, block_params, init_blocks_and_head,
-                          sinusoidal_positions)
+from ..transformer import block_params, init_blocks_and_head, sinusoidal_positions
 
 
 class EncoderCache(NamedTuple):
@@ -57,7 +60,7 @@ def init_params(cfg, n_inputs, seed=0):
     return {**params, **init_blocks_and_head(normal, cfg, c)}
 
 
-def forward(params, cfg, features, lengths):
+def forward(params, cfg, features, lengths, path="lean"):
     """Per-frame class scores.
 
     Parameters
@@ -67,15 +70,18 @@ def forward(params, cfg, features, lengths):
     features : ndarray, shape (B, T, F)
     lengths : ndarray of int, shape (B,)
         Real frames per utterance; later frames are padding.
+    path : {"lean", "reference"}
+        Which blocks compute it (``model.paths``); the same logits up to rounding.
 
     Returns
     -------
     logits : ndarray, shape (B, T, C); at padded frames they are computed but meaningless.
     cache : EncoderCache
 
-    Cost: O(L B T d_model (d_model + d_mlp)) plus the attention per utterance: O(L T^2
-    d_model) for softmax, O(L T d_model d_head) for linear.
+    Cost: O(L B T d_model (d_model + d_mlp)) plus the attention over the padded batch:
+    O(L B T^2 d_model) for softmax, O(L B T d_model d_head) for linear.
     """
+    block = paths.resolve(path).block
     x = linear(features, params["w_in"], params["b_in"])
     x = x + sinusoidal_positions(0, features.shape[1], cfg.d_model, x.dtype)
     caches = []
@@ -87,9 +93,10 @@ def forward(params, cfg, features, lengths):
     return logits, EncoderCache(tuple(caches), x, h)
 
 
-def backward(dlogits, params, cfg, features, lengths, cache):
-    """Backward of ``forward``: (dfeatures, grads), dfeatures (B, T, F) and grads a dict
-    shaped like params. Cost: about twice the forward's."""
+def backward(dlogits, params, cfg, features, lengths, cache, path="lean"):
+    """Backward of ``forward`` (``path`` as given to it): (dfeatures, grads), dfeatures
+    (B, T, F) and grads a dict shaped like params. Cost: about twice the forward's."""
+    block_backward = paths.resolve(path).block_backward
     grads = {}
     dh, grads["w_out"], grads["b_out"] = linear_backward(dlogits, cache.h_out,
                                                          params["w_out"], params["b_out"])

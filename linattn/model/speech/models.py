@@ -126,7 +126,7 @@ def _check_frames(cfg, features, input_lengths):
     return features.astype(cfg.dtype, copy=False), lengths.astype(np.int64)
 
 
-def forward(params, cfg, features, input_lengths):
+def forward(params, cfg, features, input_lengths, path="lean"):
     """Per-frame class scores of ``cfg.model``.
 
     Parameters
@@ -135,6 +135,8 @@ def forward(params, cfg, features, input_lengths):
     cfg : SpeechConfig
     features : ndarray, shape (B, T, n_features)
     input_lengths : ndarray of int, shape (B,)
+    path : {"lean", "reference"}
+        Which blocks compute an encoder (``model.paths``); the Bi-LSTM has one path.
 
     Returns
     -------
@@ -144,37 +146,43 @@ def forward(params, cfg, features, input_lengths):
     features, lengths = _check_frames(cfg, features, input_lengths)
     if cfg.model == "bilstm":
         return lstm.forward(params, features, lengths)
-    return encoder.forward(params, cfg.encoder_config(), features, lengths)
+    return encoder.forward(params, cfg.encoder_config(), features, lengths, path)
 
 
-def backward(dlogits, params, cfg, features, input_lengths, cache):
-    """Backward of ``forward``: (dfeatures, grads shaped like params)."""
+def backward(dlogits, params, cfg, features, input_lengths, cache, path="lean"):
+    """Backward of ``forward`` (``path`` as given to it): (dfeatures, grads shaped like
+    params)."""
     features, lengths = _check_frames(cfg, features, input_lengths)
     if cfg.model == "bilstm":
         return lstm.backward(dlogits, params, lengths, cache)
-    return encoder.backward(dlogits, params, cfg.encoder_config(), features, lengths, cache)
+    return encoder.backward(dlogits, params, cfg.encoder_config(), features, lengths, cache,
+                            path)
 
 
-def loss_and_grads(params, cfg, batch):
+def loss_and_grads(params, cfg, batch, path="lean"):
     """CTC loss in nats per label, sum_b nll_b / sum_b L_b, and its parameter gradients.
 
     Parameters
     ----------
     params : dict, cfg : SpeechConfig
     batch : ``task.Batch`` (features, input_lengths, labels, label_lengths)
+    path : {"lean", "reference"}
+        Which blocks compute an encoder (``model.paths``); the same loss and gradients up
+        to rounding.
 
     Returns
     -------
     loss : float
     grads : dict, shaped like params
     """
-    logits, cache = forward(params, cfg, batch.features, batch.input_lengths)
+    logits, cache = forward(params, cfg, batch.features, batch.input_lengths, path)
     nll = ctc_loss(logits, batch.input_lengths, batch.labels, batch.label_lengths)
     n_labels = max(int(np.sum(batch.label_lengths)), 1)
     dnll = np.full(nll.shape, 1.0 / n_labels, dtype=logits.dtype)
     dlogits = ctc_loss_backward(dnll, logits, batch.input_lengths, batch.labels,
                                 batch.label_lengths)
-    _, grads = backward(dlogits, params, cfg, batch.features, batch.input_lengths, cache)
+    _, grads = backward(dlogits, params, cfg, batch.features, batch.input_lengths, cache,
+                        path)
     return float(np.sum(nll, dtype=np.float64) / n_labels), grads
 
 

@@ -128,7 +128,7 @@ def run_speech(cfg, task, train_cfg, adam=DEFAULT_SPEECH_ADAM, out_dir=None, res
                 batch = pad_batch([train[i] for i in idx])
                 t_step = time.perf_counter()
                 loss, grads = loss_and_grads(params, cfg, batch)
-                # the reference layers, the compiled Adam step (``paths``' default path)
+                # the lean blocks and the compiled Adam step (``paths``' default path)
                 params, opt_state, _ = adam_update(params, grads, opt_state, adam)
                 train_s += time.perf_counter() - t_step
                 losses.append(loss)
