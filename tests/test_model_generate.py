@@ -1,10 +1,12 @@
 """Generation: the RNN form and the key/value cache pick exactly the tokens that
-recomputing the parallel form picks; sampling is seeded. The lean loop ``generate`` runs
-(``model.fast.token_loop``) computes what the reference ``step`` computes, token for token,
-and ``generate(path="reference")`` runs ``step`` itself."""
+recomputing the parallel form picks; sampling is seeded. The prompt, read in one parallel
+pass per layer, leaves the memories and gives the tokens of stepping through it. The lean
+loop ``generate`` runs (``model.fast.token_loop``) computes what the reference ``step``
+computes, token for token, and ``generate(path="reference")`` runs ``step`` itself."""
 import numpy as np
 import pytest
 
+from linattn.model import prefill, token_step
 from linattn.model.fast import token_loop
 from linattn.model.config import ModelConfig
 from linattn.model.generate import KVCache, generate, sample, step
@@ -225,3 +227,33 @@ def test_lsh_generates_by_recomputing():
     np.testing.assert_array_equal(got[:, :4], prompt)
     logits, _ = forward(params, cfg, got[:, :-1])
     np.testing.assert_array_equal(got[:, -1], logits[:, -1].argmax(axis=-1))
+
+
+@pytest.mark.parametrize("attention, kw", VARIANTS[:2] + VARIANTS[3:4])
+def test_prompt_read_at_once_gives_the_stepped_memories(attention, kw):
+    # one parallel causal call per layer leaves each layer where stepping through the
+    # prompt leaves it: the RNN's state (S, z), or the cache's keys and values (float64)
+    cfg, params = _model(attention, **kw)
+    ids = _prompt(3, 9)
+    read = token_step.prompt_memories(params, cfg, ids, 12)
+    stepped = _step_memories(cfg, 3, 12)
+    for t in range(9):
+        _, stepped = step(params, cfg, ids[:, t], t, stepped)
+    lean = token_loop.memories(cfg, 3, 12, prefill.read_prompt(params, cfg, ids))
+    for got, want, fast in zip(read, stepped, lean):
+        fast = fast.state if attention == "linear" else (fast.keys_t.transpose(0, 1, 3, 2),
+                                                         fast.values)
+        for a, b, c in zip(got, want, fast):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+            np.testing.assert_allclose(c, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("attention, kw", VARIANTS[:2] + VARIANTS[3:4])
+@pytest.mark.parametrize("path", ["lean", "reference"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_long_prompt_read_at_once_gives_the_stepped_tokens(attention, kw, path, temperature):
+    # a prompt of 16 read in one pass per layer, then 8 tokens: those of stepping through it
+    cfg, params = _model(attention, **kw)
+    prompt = _prompt(2, 16)
+    got = generate(params, cfg, prompt, 8, temperature=temperature, seed=7, path=path)
+    np.testing.assert_array_equal(got, _by_step(params, cfg, prompt, 8, temperature, 7))

@@ -15,6 +15,10 @@ arXiv:2006.16236.
   prefix is the one exact way; it costs O(t (d_model^2 + n_hashes C d_model)) plus the
   hashing at position t.
 
+"recurrent" and "cache" read the prompt, all but its last token, at once: one parallel
+causal call per layer (``prefill.read_prompt``: linear attention returning the RNN's state,
+softmax giving the keys and values that fill the cache), then go on a token at a time from
+that state or cache.
 The first two run on the path ``path`` names (``model.paths``): "lean", the default, the
 compiled token loop of ``model.fast.token_loop`` (weights prepared once, buffers reused,
 one ``linattn.Recurrence`` per layer, compiled element work); "reference", ``step`` of
@@ -84,7 +88,8 @@ def generate(params, cfg, prompt, n_new, *, method="auto", temperature=0.0, seed
     tokens : ndarray of int, shape (B, P + n_new), the prompt followed by the new tokens.
 
     Cost per new token at position t: O(d_model^2) plus O(d_model d_head) (recurrent),
-    O(t d_model) (cache) or O(t d_model^2 + t^2 d_model) (recompute, softmax).
+    O(t d_model) (cache) or O(t d_model^2 + t^2 d_model) (recompute, softmax); "recurrent"
+    and "cache" read the prompt first by one parallel forward over its P - 1 first positions.
     """
     method = _resolve(method, cfg)
     next_logits = paths.resolve(path).next_logits
@@ -111,9 +116,10 @@ def generate(params, cfg, prompt, n_new, *, method="auto", temperature=0.0, seed
             logits, _ = forward(params, cfg, tokens[:, :t])
             tokens[:, t] = sample(logits[:, -1], temperature, rng)
         return tokens
-    # the model reads positions 0..total-2; the prompt primes the memories, and each token
-    # sampled at t + 1 is written before the path reads it
-    for t, logits in enumerate(next_logits(params, cfg, tokens)):
-        if t + 1 >= n_prompt:
-            tokens[:, t + 1] = sample(logits, temperature, rng)
+    # the model reads positions 0..total-2: the prompt but its last token at once (the
+    # memories), then a token at a time from position n_prompt - 1, each token sampled at
+    # t + 1 written before the path reads it
+    logits_from = next_logits(params, cfg, tokens, n_prompt)
+    for t, logits in zip(range(n_prompt - 1, total - 1), logits_from):
+        tokens[:, t + 1] = sample(logits, temperature, rng)
     return tokens

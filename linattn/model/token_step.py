@@ -5,7 +5,9 @@ arXiv:2006.16236.
 ``step`` computes the next-token logits from one token and each layer's memory with the
 NumPy layers and the library's public attention (``linear_attention_step``, Eq. (16)-(20);
 ``softmax_attention`` over the cache, Eq. (8)): the reference generation path.
-``next_logits`` runs it over a sequence for ``generate``. The compiled path computes the
+``next_logits`` runs it over a sequence for ``generate``, from the memories of the prompt
+that ``prefill.read_prompt`` reads in one parallel pass per layer. The compiled path
+computes the
 same (``model.fast.token_loop``); tests/test_model_generate.py holds the two together, and
 both to recomputing the parallel form (``transformer.forward``).
 """
@@ -17,6 +19,7 @@ from ..linear import linear_attention_step
 from ..softmax import softmax_attention
 from .attention import merge_heads, split_heads
 from .layers import layer_norm, linear
+from .prefill import read_prompt
 from .transformer import block_params, embed, mlp
 
 
@@ -82,12 +85,30 @@ def empty_memories(cfg, b, n_positions):
                  for _ in range(cfg.n_layers))
 
 
-def next_logits(params, cfg, tokens):
-    """Yield the next-token logits (B, V) of positions t = 0..N-2 of ``tokens`` (B, N), one
-    ``step`` each, reading ``tokens[:, t]`` only when asked for position t's logits: the
-    caller may write the token it samples at t + 1 in between."""
+def prompt_memories(params, cfg, ids, n_positions):
+    """``step``'s memories after the positions 0..P-1 of ``ids`` (B, P), read in one parallel
+    pass per layer (``prefill.read_prompt``): the RNN's states (linear), or caches with room
+    for n_positions and the prompt's keys and values in their first P rows (softmax). P = 0
+    gives ``empty_memories``."""
+    b, n_read = ids.shape
+    memories = empty_memories(cfg, b, n_positions)
+    if n_read == 0:
+        return memories
+    read = read_prompt(params, cfg, ids)
+    if cfg.attention == "linear":
+        return read
+    for memory, (k, v) in zip(memories, read):
+        memory.k[:, :, :n_read], memory.v[:, :, :n_read] = k, v
+    return memories
+
+
+def next_logits(params, cfg, tokens, n_prompt=1):
+    """Yield the next-token logits (B, V) of positions t = n_prompt-1..N-2 of ``tokens``
+    (B, N), one ``step`` each, reading ``tokens[:, t]`` only when asked for position t's
+    logits: the caller may write the token it samples at t + 1 in between. The positions
+    before, 0..n_prompt-2, are read at once by ``prompt_memories``."""
     b, n = tokens.shape
-    memories = empty_memories(cfg, b, n - 1)
-    for t in range(n - 1):
+    memories = prompt_memories(params, cfg, tokens[:, :n_prompt - 1], n - 1)
+    for t in range(n_prompt - 1, n - 1):
         logits, memories = step(params, cfg, tokens[:, t], t, memories)
         yield logits

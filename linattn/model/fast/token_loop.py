@@ -13,7 +13,9 @@ validating, splitting heads and allocating as it goes. Here that is done once pe
 - ``buffers``: every per-token array (the residual stream x, LN(x), q | k | v, the heads'
   outputs, the MLP's hidden layer, the logits) allocated for the batch;
 - ``memories``: one ``linattn.Recurrence`` per layer (lead shape (B, H), its state updated
-  in place, Eq. 18-19), or one ``SoftmaxCache`` per layer, filled a position at a time.
+  in place, Eq. 18-19), or one ``SoftmaxCache`` per layer, filled a position at a time;
+  both start from the prompt, read in one parallel pass per layer (``prefill.read_prompt``):
+  the Recurrence from its state, the cache with its keys and values.
 Then ``token_logits`` per token: per block four BLAS products, the attention, and three
 compiled calls for the element work between them (``token_kernels``); ``next_logits`` runs
 it over a sequence, as ``token_step.next_logits`` runs ``step``.
@@ -33,6 +35,7 @@ import numpy as np
 
 from . import token_kernels as kernels
 from ...recurrence import Recurrence
+from ..prefill import read_prompt
 from ..transformer import block_params, sinusoidal_positions
 
 
@@ -137,16 +140,26 @@ def buffers(cfg, b, n_positions):
                    empty(cfg.d_mlp, b), empty(cfg.vocab_size, b), empty(n_positions), q, k, v)
 
 
-def memories(cfg, b, n_positions):
-    """Each layer's empty memory: a ``Recurrence`` (linear) with S_0 = 0, z_0 = 0 (Eq. 16-17),
-    or a ``SoftmaxCache`` (softmax) with room for n_positions."""
+def memories(cfg, b, n_positions, start=None):
+    """Each layer's memory: a ``Recurrence`` (linear) or a ``SoftmaxCache`` (softmax) with room
+    for n_positions; empty (S_0 = 0, z_0 = 0, Eq. 16-17) or, given ``start`` (what
+    ``prefill.read_prompt`` returned for P positions), holding them: the Recurrence starts
+    from the state S_P, z_P, the cache's first P positions hold the keys and values."""
     h, dh = cfg.n_heads, cfg.d_head
+    start = start or (None,) * cfg.n_layers
     if cfg.attention == "linear":
-        return tuple(Recurrence((b, h), dh, dh, feature_map=cfg.feature_map, dtype=cfg.dtype)
-                     for _ in range(cfg.n_layers))
-    return tuple(SoftmaxCache(np.zeros((b, h, dh, n_positions), cfg.dtype),
-                              np.zeros((b, h, n_positions, dh), cfg.dtype))
-                 for _ in range(cfg.n_layers))
+        return tuple(Recurrence((b, h), dh, dh, feature_map=cfg.feature_map, dtype=cfg.dtype,
+                                initial_state=state) for state in start)
+    caches = []
+    for read in start:
+        cache = SoftmaxCache(np.zeros((b, h, dh, n_positions), cfg.dtype),
+                             np.zeros((b, h, n_positions, dh), cfg.dtype))
+        if read is not None:
+            k, v = read                                          # (B, H, P, d_head) each
+            cache.keys_t[..., :k.shape[2]] = k.transpose(0, 1, 3, 2)
+            cache.values[:, :, :v.shape[2]] = v
+        caches.append(cache)
+    return tuple(caches)
 
 
 def _matmul(w, x, out):
@@ -215,14 +228,17 @@ def token_products(weights, buf):
     multiply(weights.w_out, buf.h, buf.logits)
 
 
-def next_logits(params, cfg, tokens):
-    """Yield the next-token logits (B, V) of positions t = 0..N-2 of ``tokens`` (B, N) by
-    ``token_logits``, reading ``tokens[:, t]`` only when asked for position t's logits (the
-    caller may write the token it samples at t + 1 in between): ``token_step.next_logits``
-    on the compiled path. Each yielded array is overwritten by the next."""
+def next_logits(params, cfg, tokens, n_prompt=1):
+    """Yield the next-token logits (B, V) of positions t = n_prompt-1..N-2 of ``tokens``
+    (B, N) by ``token_logits``, reading ``tokens[:, t]`` only when asked for position t's
+    logits (the caller may write the token it samples at t + 1 in between); the positions
+    before, 0..n_prompt-2, are read at once by ``prefill.read_prompt``:
+    ``token_step.next_logits`` on the compiled path. Each yielded array is overwritten by
+    the next."""
     b, n = tokens.shape
     weights = prepare(params, cfg, n - 1)
     buf = buffers(cfg, b, n - 1)
-    state = memories(cfg, b, n - 1)                     # S_0 = z_0 = 0 (Eq. 16-17), or empty
-    for t in range(n - 1):
+    read = read_prompt(params, cfg, tokens[:, :n_prompt - 1]) if n_prompt > 1 else None
+    state = memories(cfg, b, n - 1, read)       # the prompt's, or S_0 = z_0 = 0 / empty
+    for t in range(n_prompt - 1, n - 1):
         yield token_logits(weights, buf, state, cfg, tokens[:, t], t)
