@@ -17,9 +17,10 @@ Padded batches (the speech encoder): with ``lengths`` given, sequence b holds
 ``lengths[b]`` real positions, then padding. Softmax and linear attention take them as the
 core's ``key_lengths`` in one call for the whole batch: a padded key adds nothing to any
 sum, whatever it holds, and the outputs at padded queries are set to 0 (their upstream
-gradient too, in the backward). LSH attention has no key mask, so it keeps one call per
-sequence over its own positions. Either way padded positions never reach real ones, since
-attention is the only layer that mixes positions.
+gradient too, in the backward). LSH attention keeps one call per sequence over its own
+positions: its default bucket count, 2 ceil(N / C), follows the width of the call, so in
+one padded call a sequence would be hashed as it is not alone. Either way padded positions
+never reach real ones, since attention is the only layer that mixes positions.
 
 Heads are laid out (batch, heads, N, d_head), so the core functions see leading axes only.
 Reference: the core's own oracles; the layer's backward is held to finite differences in
@@ -90,9 +91,10 @@ def attend(q, k, v, cfg, lengths=None):
     q, k, v (..., N, d_head) -> (..., N, d_head). With ``lengths`` (B,), the real positions
     of each sequence of a padded batch (B, H, N, d_head): sequence b attends over its first
     ``lengths[b]`` keys only, in one call with ``key_lengths`` (one call per sequence for
-    LSH, which has no key mask), and its padded positions get 0. Softmax costs O(N^2
-    d_head), linear O(N d_head^2), LSH O(n_hashes N C d_head) plus its hashing
-    (``backend="auto"``: the fastest available backend that takes the call's options).
+    LSH, whose bucket count follows the sequence's length), and its padded positions get
+    0. Softmax costs O(N^2 d_head), linear O(N d_head^2), LSH O(n_hashes N C d_head) plus
+    its hashing (``backend="auto"``: the fastest available backend that takes the call's
+    options).
     """
     if lengths is not None and cfg.attention == "lsh":
         return _attend_each(q, v, cfg, lengths)
@@ -137,7 +139,8 @@ def _attend_backward(dout, q, k, v, cfg, key_lengths=None):
 
 def _attend_each(qk, v, cfg, lengths):
     """LSH attention on a padded batch, sequence b over its own first ``lengths[b]``
-    positions in a call of its own (LSH takes no key mask); 0 at padded positions."""
+    positions in a call of its own, so with the bucket count it gets alone; 0 at padded
+    positions."""
     out = np.zeros_like(v)
     for b, n in enumerate(lengths):
         out[b, :, :n] = lsh_attention(qk[b, :, :n], v[b, :, :n], **_lsh_options(cfg))

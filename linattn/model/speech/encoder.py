@@ -10,12 +10,12 @@ whole utterance and scores every frame for CTC.
 
 The attention goes through ``attention.attend`` with the config's ``attention`` and
 ``causal=False``, so every attention that function knows serves here too. Padded frames:
-the whole padded batch attends in one core call per layer, each utterance over its own
-frames only (``attention.attend`` with ``lengths``: the core's ``key_lengths``), and every
-other layer works frame by frame, so padding reaches no real frame and a padded batch gives
-each utterance the logits and gradients it would get alone. The blocks run on the path
-``path`` names (``model.paths``): "lean", the compiled blocks of ``fast.lean``, or
-"reference", ``transformer.block``.
+the whole padded batch attends in one core call per layer (LSH: one per utterance), each
+utterance over its own frames only (``attention.attend`` with ``lengths``: the core's
+``key_lengths``), and every other layer works frame by frame, so padding reaches no real
+frame and a padded batch gives each utterance the logits and gradients it would get alone.
+The blocks run on the path ``path`` names (``model.paths``): "lean", the compiled blocks of
+``fast.lean``, or "reference", ``transformer.block``.
 Reference: tests/test_model_speech.py holds the backward to central finite differences,
 the lean path to the reference, and the padded batch to each utterance alone.
 """
