@@ -5,7 +5,8 @@
 // with -DLINATTN_REAL=float|double (one compile per dtype).
 //
 // Shapes, per head h of H (batch x heads flattened), all C-contiguous:
-//   q, k (H, N, F) positive features; v, out (H, N, M); chunk states (H, NC, F, M), NC = N / 64.
+//   q, k (H, N, F) positive features; v, out (H, N, M); chunk states (H, NC, F, M),
+//   NC = ceil(N / 64).
 //
 // Versions
 //   v1 naive    scan_product: one thread per (head, output column p) walks all N positions,
