@@ -18,7 +18,8 @@ _WHY = {("numpy", "time"): "every query still meets up to N keys: about N^2 / 2 
         ("numpy", "memory"): "the NumPy backend builds the full N x N logits and masks them "
                              "with -inf; nothing is saved",
         ("numba", "memory"): "the Numba kernel holds a few tiles of logits at a time, "
-                             "whatever N"}
+                             "whatever N, but its output and per-row log-sum-exp grow like "
+                             "N: slope 1"}
 
 
 def causal_memory_slopes(ns=(1024, 2048, 4096), d=64):
