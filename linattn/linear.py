@@ -82,8 +82,9 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
     state : State
         Only with ``return_state``: S (..., F, M), z (..., F), in the compute dtype.
 
-    Key masks and states run on the NumPy forms (and on CuPy arrays through them): "auto"
-    picks a backend that has them, and ``backend="numba"`` with one is a ValueError.
+    Key masks and states run on every method of the NumPy and Numba backends (Numba's fused
+    elu+1 included), and on CuPy arrays in the causal chunked kernels, elsewhere through
+    NumPy's forms: "auto" keeps the backend and method it would pick without them.
 
     Cost: O(N F M) time and O(N (F + M)) memory for every method but "quadratic"
     (O(N^2 max(F, M)) time, O(N^2) memory); F is the feature map's width.

@@ -31,8 +31,7 @@ def softmax_attention(q, k, v, *, causal=False, scale=None, backend="auto",
     key_mask : ndarray of bool, shape broadcasting to (..., Nk), optional
         True for a real key. A padded key gets probability 0 in every row, whatever it
         holds; a query whose keys are all padded gets 0 (not NaN), and its gradients are 0.
-        Runs on the NumPy form (on CuPy arrays through it); ``backend="numba"`` with a mask
-        is a ValueError.
+        Runs on the NumPy form and the Numba tiles (on CuPy arrays, through NumPy's form).
     key_lengths : ndarray of int, shape broadcasting to the leading axes, optional
         The number of real keys of each sequence, padded on the right; instead of key_mask.
 

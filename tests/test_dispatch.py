@@ -68,9 +68,13 @@ def test_needed_names_the_options_given(option, value):
 
 
 def test_auto_skips_a_module_without_an_option_and_a_named_backend_says_which(monkeypatch):
-    # Numba's blocks do not declare the key mask, NumPy's do; take it from NumPy's scan
+    # Numba's blocks and loops declared without the key mask (as before they had it),
+    # NumPy's blocks with it: take it from NumPy's; the recurrent form nowhere
     assert "key_mask" in numpy_chunked.SUPPORTS
     monkeypatch.setattr(numpy_recurrent, "SUPPORTS", frozenset({"non_causal"}))
+    for name in ("chunked", "loops"):
+        monkeypatch.setattr(importlib.import_module(f"linattn.numba_cpu.{name}"), "SUPPORTS",
+                            frozenset({"non_causal"}))
     needs = dispatch.needed(causal=True, key_mask=True)
     module, backend = dispatch.kernel("linear", "chunked", "auto", np, True, needs=needs)
     assert (module.__name__, backend) == ("linattn.forms.chunked", "numpy")

@@ -23,7 +23,7 @@ def run_product(causal, n_blocks, reverse, eps, seed=0):
     a, c = np.exp(a), np.exp(c)
     out, den = np.empty((2, 23, 35)), np.empty((2, 23))  # out narrower than b, as for dv
     if causal:
-        products.causal_product(a, b, c, reverse, eps, out, den, n_blocks)
+        products.causal_product(a, b, c, reverse, eps, out, den, n_blocks, np.empty((0, 0, 0)))
     else:
         products.global_product(a, b, c, eps, out, den, n_blocks)
     return out, den
@@ -218,14 +218,15 @@ def float64_in_ir(function, *args):
 def test_float32_stays_float32_inside_the_loops():
     x = np.ones((2, 5, 4), np.float32)
     out, den, eps = np.empty_like(x), np.empty((2, 5), np.float32), np.float32(1e-6)
-    assert not float64_in_ir(products.causal_product, x, x, x, False, eps, out, den, 1)
+    none = np.empty((0, 0, 0), np.float32)
+    assert not float64_in_ir(products.causal_product, x, x, x, False, eps, out, den, 1, none)
     assert not float64_in_ir(products.global_product, x, x, x, eps, out, den, 1)
     norms = np.empty((2, 5, 2), np.float32)
     for stage in (chunked.FORWARD, chunked.DQ, chunked.DKV):
         for causal in (True, False):
             assert not float64_in_ir(chunked.sweep, stage, causal, x, x, x, x, eps, True, out,
                                      norms, x.copy(), x.copy(), x.copy(), 2,
-                                     np.array([0, 2, 3]))
+                                     np.array([0, 2, 3]), none, none)
     flat = x.reshape(-1)
     assert not float64_in_ir(elu.phi_into, flat, flat.copy())
     assert not float64_in_ir(elu._times_dphi_, flat, flat.copy())
@@ -235,12 +236,13 @@ def test_float32_stays_float32_inside_the_loops():
     assert not float64_in_ir(step.step_into_compensated, row, row, row, s, z, s.copy(),
                              z.copy(), row.copy(), eps, True)
     lse, delta, dq_parts = np.empty((2, 5), np.float32), np.empty((2, 5), np.float32), x[None]
-    assert not float64_in_ir(softmax._forward_unit, 1, x, x, x, x, True, eps, 2, 3, out, lse,
-                             delta)
-    assert not float64_in_ir(softmax._backward_unit, 1, x, x, x, x, lse, delta, True, eps, 2,
-                             3, dq_parts.copy(), x.copy(), x.copy())
+    real = np.ones((2, 5), np.bool_)                          # a key mask: every key real
+    assert not float64_in_ir(softmax._forward_unit, 1, x, x, x, x, real, True, eps, 2, 3, out,
+                             lse, delta)
+    assert not float64_in_ir(softmax._backward_unit, 1, x, x, x, x, real, lse, delta, True,
+                             eps, 2, 3, dq_parts.copy(), x.copy(), x.copy())
     # the check can fail: the same loop given a float64 scalar computes in double
-    assert float64_in_ir(products.causal_product, x, x, x, False, 1e-6, out, den, 1)
+    assert float64_in_ir(products.causal_product, x, x, x, False, 1e-6, out, den, 1, none)
 
 
 CACHE_PROBE = """

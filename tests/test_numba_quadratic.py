@@ -60,10 +60,13 @@ def test_block_length_changes_nothing(block, causal):
     four = [quadratic._four_d(x) for x in (q, k, v, dout)]
     want = linear_attention(q, k, v, causal=causal, method="quadratic", backend="numpy")
     out = np.empty_like(v)
-    quadratic._forward(*four[:3], causal, 1e-6, True, block, quadratic._four_d(out))
+    none = np.empty((0, 0, 0, 0))                        # no state in, none out
+    quadratic._forward(*four[:3], causal, 1e-6, True, block, quadratic._four_d(out), none,
+                       none)
     np.testing.assert_allclose(out, want, rtol=1e-10, atol=1e-12)
     grads = [np.empty_like(x) for x in (q, k, v)]
-    quadratic._backward(*four, causal, 1e-6, True, block, *map(quadratic._four_d, grads))
+    quadratic._backward(*four, causal, 1e-6, True, block, *map(quadratic._four_d, grads),
+                        none, none, none)
     oracle = linear_attention_backward(dout, q, k, v, causal=causal, method="quadratic",
                                        backend="numpy")
     for g, w in zip(grads, oracle):

@@ -7,7 +7,10 @@ validate once and ``linattn.dispatch`` picks a module here.
 - ``loops``     method "linear" (and "recurrent"): the running sums as compiled loops,
                 ``products.causal_product`` and ``global_product``.
 - ``chunked``   method "chunked": blocks of positions, each block's work in BLAS matrix
-                products called from the compiled loops (Numba reaches BLAS through SciPy).
+                products called from the compiled loops (Numba reaches BLAS through SciPy);
+                ``block_ops``: a block's element pieces.
+- ``quadratic`` method "quadratic": blocks of the kernel matrix (short sequences).
+- ``padding``   key padding and states handed over, for the three linear methods.
 - ``blas``      ``gemm``: a matrix product added into an array (BLAS's beta), from compiled
                 code.
 - ``elu``       elu+1 (Eq. 7) and its derivative with a vectorisable exp.

@@ -26,6 +26,10 @@ in cache. When the rows (batch x heads) do not share out evenly over the threads
 is cut into segments, and each segment's unit first sums the increments of the positions
 before it (phi_k^T v in the longest products BLAS keeps on one thread, no readout), so units
 never wait for one another.
+Key padding and states (``padding``): padded keys are dropped before the sweeps; every
+unit's (S, z) starts from a state handed over, [S0, z0] (Eq. 20), and every (U, u) from the
+final state's gradient [dS, dz] (it reaches each key as dS v_j + dz, each value as
+dS^T phi_k_j); the unit ending a row's scan writes out the final state, or [dS0, dz0].
 Non-causal attention, Eq. (5)-(6), takes the same sweeps with every block reading the
 state of the whole row: out = phi_q S / (phi_q z + eps), and in the backward
 dphi_q = g / den + dden z with g = dout S^T, then dphi_k = v U^T + u and dv = phi_k U with
@@ -39,13 +43,15 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from . import elu as elu_map
 from .blas import gemm
+from .block_ops import accumulate, chain_elu, dot, load, masked
+from .padding import NONE, drop_padded, start_rows, state_of, zero_padded
 from .._checks import rows as as_rows
 from ..feature_maps import EluPlusOne
 
 FUSED_FEATURE_MAPS = (EluPlusOne,)  # applied by the kernel itself to raw q, k (elu=True)
-SUPPORTS = frozenset({"non_causal"})  # options taken by keyword (dispatch)
+# options taken by keyword (dispatch)
+SUPPORTS = frozenset({"non_causal", "key_mask", "initial_state", "return_state"})
 
 FORWARD, DQ, DKV = 0, 1, 2       # the sweeps: attention; dphi_q; dphi_k and dv (reversed)
 # C: the fastest of the sizes tried at the benchmark's shape (D = M = 64, 8 heads), forward
@@ -95,57 +101,6 @@ def segments(rows, blocks, causal=True):
 
 
 @njit(cache=True, error_model="numpy")
-def _load(x, r, i0, i1, elu):
-    """phi(x[r, i0:i1]) (C, W) if ``elu``, else those rows themselves."""
-    rows = x[r, i0:i1]
-    if not elu:
-        return rows
-    features = np.empty(rows.shape, dtype=rows.dtype)
-    elu_map.phi_into(rows.reshape(rows.size), features.reshape(features.size))  # Eq. (7)
-    return features
-
-
-@njit(cache=True, error_model="numpy")
-def _dot(x, y):
-    """x . y over two 1-D arrays as four interleaved sums: without fastmath LLVM may not
-    reorder a sum, and one chain of adds waits on each add's latency."""
-    n4 = x.size - x.size % 4
-    s0 = s1 = s2 = s3 = x.dtype.type(0)
-    for j in range(0, n4, 4):
-        s0 += x[j] * y[j]
-        s1 += x[j + 1] * y[j + 1]
-        s2 += x[j + 2] * y[j + 2]
-        s3 += x[j + 3] * y[j + 3]
-    for j in range(n4, x.size):
-        s0 += x[j] * y[j]
-    return (s0 + s1) + (s2 + s3)
-
-
-@njit(cache=True, error_model="numpy")
-def _masked(x, y, reverse):
-    """tril(x y^T), or triu(x y^T) if reverse: x_i . y_j for the pairs of the block that
-    see each other, (C, C)."""
-    c = x.shape[0]
-    scores = np.empty((c, c), dtype=x.dtype)
-    gemm(x, y.T, scores, 0)
-    zero = x.dtype.type(0)
-    for i in range(c):
-        for j in range(i) if reverse else range(i + 1, c):
-            scores[i, j] = zero                            # assigned: 0 * NaN would be NaN
-    return scores
-
-
-@njit(cache=True, error_model="numpy")
-def _accumulate(x, y, w, S, z):
-    """S += x^T y (F, M) and z += x^T w (F,): a block's increment of a state, phi_k^T v and
-    phi_k^T 1 (Eq. 10-11), or phi_q^T dnum and phi_q^T dden (DKV)."""
-    gemm(x.T, y, S, 1)
-    for i in range(x.shape[0]):
-        for f in range(z.size):
-            z[f] += x[i, f] * w[i]
-
-
-@njit(cache=True, error_model="numpy")
 def _dnum(dout, norms, r, i0, i1):
     """(dout / den (C, M), dden (C,)): the gradients with respect to the numerator and the
     normaliser, from the (den, dden) pairs ``norms`` of the DQ sweep."""
@@ -164,32 +119,19 @@ def _increment(stage, x_q, x_k, v, dout, norms, r, i0, i1, elu, S, z):
     phi_q^T dnum and phi_q^T dden (DKV)."""
     if stage == DKV:
         dnum, dden = _dnum(dout, norms, r, i0, i1)
-        _accumulate(_load(x_q, r, i0, i1, elu), dnum, dden, S, z)
+        accumulate(load(x_q, r, i0, i1, elu), dnum, dden, S, z)
     else:
-        _accumulate(_load(x_k, r, i0, i1, elu), v[r, i0:i1], np.ones(i1 - i0, v.dtype), S, z)
-
-
-@njit(cache=True, error_model="numpy")
-def _chain_elu(grad, x, phi_b, elu, r, i0):
-    """With ``elu``, grad *= d phi / dx (1 where x > 0, else exp(x) = phi(x)) in place: the
-    block's gradient with respect to the features becomes that with respect to the raw
-    rows x[r, i0:]."""
-    if not elu:
-        return
-    one = grad.dtype.type(1)
-    for i in range(grad.shape[0]):
-        for f in range(grad.shape[1]):
-            grad[i, f] *= one if x[r, i0 + i, f] > 0 else phi_b[i, f]   # NaN x: NaN phi
+        accumulate(load(x_k, r, i0, i1, elu), v[r, i0:i1], np.ones(i1 - i0, v.dtype), S, z)
 
 
 @njit(cache=True, error_model="numpy")
 def _global_forward(x_q, eps, elu, out, r, i0, i1, S, z):
     """Non-causal out for the block from (S, z) summed over the whole row, Eq. (5)-(6):
     out_i = phi_q_i^T S / (phi_q_i . z + eps)."""
-    phi_q, out_b = _load(x_q, r, i0, i1, elu), out[r, i0:i1]
+    phi_q, out_b = load(x_q, r, i0, i1, elu), out[r, i0:i1]
     gemm(phi_q, S, out_b, 0)
     for i in range(i1 - i0):
-        den = _dot(phi_q[i], z) + eps
+        den = dot(phi_q[i], z) + eps
         for j in range(out_b.shape[1]):
             out_b[i, j] /= den
 
@@ -199,18 +141,18 @@ def _forward(x_q, x_k, v, eps, elu, out, r, i0, i1, S, z):
     """out for the block from the state (S, z) entering it, Eq. (9)-(12), and the state
     after it: out_i = (phi_q_i^T S + sum_{j <= i} (phi_q_i . phi_k_j) v_j) / den_i with
     den_i = phi_q_i^T z + sum_{j <= i} phi_q_i . phi_k_j + eps."""
-    phi_q, phi_k = _load(x_q, r, i0, i1, elu), _load(x_k, r, i0, i1, elu)
+    phi_q, phi_k = load(x_q, r, i0, i1, elu), load(x_k, r, i0, i1, elu)
     v_b, out_b = v[r, i0:i1], out[r, i0:i1]
-    scores = _masked(phi_q, phi_k, False)                   # A: the block's own keys
+    scores = masked(phi_q, phi_k, False)                   # A: the block's own keys
     gemm(phi_q, S, out_b, 0)                                # earlier blocks': (C, M)
     gemm(scores, v_b, out_b, 1)                             # + A v
     for i in range(i1 - i0):
-        den = _dot(phi_q[i], z) + eps                       # Eq. (12)
+        den = dot(phi_q[i], z) + eps                       # Eq. (12)
         for j in range(i + 1):
             den += scores[i, j]
         for j in range(out_b.shape[1]):
             out_b[i, j] /= den
-    _accumulate(phi_k, v_b, np.ones(i1 - i0, v.dtype), S, z)
+    accumulate(phi_k, v_b, np.ones(i1 - i0, v.dtype), S, z)
 
 
 @njit(cache=True, error_model="numpy")
@@ -222,13 +164,13 @@ def _dq(x_q, x_k, v, dout, eps, elu, norms, dq, r, i0, i1, S, z):
     where g = dout S^T + tril(dout v^T) phi_k (three matrix products) and z_i,
     den_i = phi_q_i . z_i + eps come from a running sum of phi_k: recomputing out and den
     would take three products more."""
-    phi_q, phi_k = _load(x_q, r, i0, i1, elu), _load(x_k, r, i0, i1, elu)
+    phi_q, phi_k = load(x_q, r, i0, i1, elu), load(x_k, r, i0, i1, elu)
     v_b, dout_b = v[r, i0:i1], dout[r, i0:i1]
     g = dq[r, i0:i1]                                        # dphi_q, then dq, in place
     gemm(dout_b, S.T, g, 0)                                 # earlier blocks': (C, D)
-    gemm(_masked(dout_b, v_b, False), phi_k, g, 1)          # and the block's own keys
+    gemm(masked(dout_b, v_b, False), phi_k, g, 1)          # and the block's own keys
     _dq_rows(phi_q, phi_k, True, g, z, eps, norms, r, i0)
-    _chain_elu(g, x_q, phi_q, elu, r, i0)
+    chain_elu(g, x_q, phi_q, elu, r, i0)
     gemm(phi_k.T, v_b, S, 1)                                # z is already summed
 
 
@@ -236,10 +178,10 @@ def _dq(x_q, x_k, v, dout, eps, elu, norms, dq, r, i0, i1, S, z):
 def _global_dq(x_q, dout, eps, elu, norms, dq, r, i0, i1, S, z):
     """Non-causal dphi_q for the block and its (den, dden), as ``_dq`` with (S, z) summed
     over the whole row: g_i = S dout_i, no block of its own."""
-    phi_q, g = _load(x_q, r, i0, i1, elu), dq[r, i0:i1]
+    phi_q, g = load(x_q, r, i0, i1, elu), dq[r, i0:i1]
     gemm(dout[r, i0:i1], S.T, g, 0)
     _dq_rows(phi_q, phi_q, False, g, z, eps, norms, r, i0)
-    _chain_elu(g, x_q, phi_q, elu, r, i0)
+    chain_elu(g, x_q, phi_q, elu, r, i0)
 
 
 @njit(cache=True, error_model="numpy")
@@ -249,8 +191,8 @@ def _dq_rows(phi_q, phi_k, running, g, z, eps, norms, r, i0):
     for i in range(g.shape[0]):
         if running:
             z += phi_k[i]
-        den = _dot(phi_q[i], z) + eps                       # Eq. (12)
-        dden = -_dot(phi_q[i], g[i]) / (den * den)          # the normaliser's gradient
+        den = dot(phi_q[i], z) + eps                       # Eq. (12)
+        dden = -dot(phi_q[i], g[i]) / (den * den)          # the normaliser's gradient
         norms[r, i0 + i, 0], norms[r, i0 + i, 1] = den, dden
         for f in range(z.size):
             g[i, f] = g[i, f] / den + dden * z[f]           # dphi_q_i, Eq. (13)
@@ -263,28 +205,28 @@ def _dkv(x_q, x_k, v, dout, elu, norms, dk, dv, r, i0, i1, U, u):
         dphi_k_i = U v_i + u + sum_{j >= i} (v_i . dnum_j + dden_j) phi_q_j,
         dv_i = U^T phi_k_i + sum_{j >= i} (phi_k_i . phi_q_j) dnum_j;
     then adds the block's phi_q^T dnum and phi_q^T dden to (U, u)."""
-    phi_q, phi_k = _load(x_q, r, i0, i1, elu), _load(x_k, r, i0, i1, elu)
+    phi_q, phi_k = load(x_q, r, i0, i1, elu), load(x_k, r, i0, i1, elu)
     v_b, dv_b = v[r, i0:i1], dv[r, i0:i1]
     dnum, dden = _dnum(dout, norms, r, i0, i1)
-    scores = _masked(v_b, dnum, True)                       # v_i . dnum_j, j >= i
+    scores = masked(v_b, dnum, True)                       # v_i . dnum_j, j >= i
     for i in range(i1 - i0):
         for j in range(i, i1 - i0):
             scores[i, j] += dden[j]                         # the normaliser's column
     dk_b = dk[r, i0:i1]                                     # dphi_k, then dk, in place
     _from_state(phi_k, v_b, U, u, dk_b, dv_b)               # Eq. (14)-(15): later blocks
     gemm(scores, phi_q, dk_b, 1)                            # and the block's own
-    gemm(_masked(phi_k, phi_q, True), dnum, dv_b, 1)
-    _chain_elu(dk_b, x_k, phi_k, elu, r, i0)
-    _accumulate(phi_q, dnum, dden, U, u)
+    gemm(masked(phi_k, phi_q, True), dnum, dv_b, 1)
+    chain_elu(dk_b, x_k, phi_k, elu, r, i0)
+    accumulate(phi_q, dnum, dden, U, u)
 
 
 @njit(cache=True, error_model="numpy")
 def _global_dkv(x_k, v, elu, dk, dv, r, i0, i1, U, u):
     """Non-causal dphi_k and dv for the block, (U, u) summed over the whole row:
     dphi_k_i = U v_i + u and dv_i = U^T phi_k_i, Eq. (14)-(15) without a mask."""
-    phi_k, dk_b = _load(x_k, r, i0, i1, elu), dk[r, i0:i1]
+    phi_k, dk_b = load(x_k, r, i0, i1, elu), dk[r, i0:i1]
     _from_state(phi_k, v[r, i0:i1], U, u, dk_b, dv[r, i0:i1])
-    _chain_elu(dk_b, x_k, phi_k, elu, r, i0)
+    chain_elu(dk_b, x_k, phi_k, elu, r, i0)
 
 
 @njit(cache=True, error_model="numpy")
@@ -297,11 +239,14 @@ def _from_state(phi_k, v_b, U, u, dk_b, dv_b):
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def sweep(stage, causal, x_q, x_k, v, dout, eps, elu, out, norms, dq, dk, dv, block, bounds):
+def sweep(stage, causal, x_q, x_k, v, dout, eps, elu, out, norms, dq, dk, dv, block, bounds,
+          start, final):
     """One sweep over blocks of ``block`` positions (see the module): writes ``out``
     (FORWARD), ``norms`` and ``dq`` (DQ), or ``dk`` and ``dv`` (DKV, backward in time); one
     unit per row and segment of ``bounds`` (``segments``). Not ``causal``, every unit first
-    sums the state of the whole row, and each block reads it.
+    sums the state of the whole row, and each block reads it. Every unit's state starts from
+    ``start`` [S, z] (R, D, M + 1), and the row's last unit writes its state to ``final``
+    (R, D, M + 1); either may be empty (0, 0, 0): zeros, and nothing written.
 
     Shapes: x_q (R, Nq, D), x_k (R, Nk, D); v (R, Nk, M); dout, out (R, Nq, M); norms
     (R, Nq, 2); dq (R, Nq, D), dk (R, Nk, D); dv (R, Nk, M); Nq == Nk when causal; arrays a
@@ -321,6 +266,9 @@ def sweep(stage, causal, x_q, x_k, v, dout, eps, elu, out, norms, dq, dk, dv, bl
     for unit in prange(rows * n_segments):
         r, s = divmod(np.int64(unit), n_segments)    # prange counts unsigned
         S, z = np.zeros((d, m), dtype=v.dtype), np.zeros(d, dtype=v.dtype)
+        if start.shape[0] > 0:                       # a state handed over, Eq. (20)
+            S[:] = start[r, :, :m]
+            z[:] = start[r, :, m]
         # before the segment: the state only, summed over the positions of bounds[s] blocks
         # (not causal: over the whole row)
         lo, hi = (blocks - bounds[s]) * block, n
@@ -346,6 +294,9 @@ def sweep(stage, causal, x_q, x_k, v, dout, eps, elu, out, norms, dq, dk, dv, bl
                 _dq(x_q, x_k, v, dout, eps, elu, norms, dq, r, i0, i1, S, z)
             else:
                 _dkv(x_q, x_k, v, dout, elu, norms, dk, dv, r, i0, i1, S, z)
+        if final.shape[0] > 0 and s == n_segments - 1:   # the row's scan ends here
+            final[r, :, :m] = S
+            final[r, :, m] = z
 
 
 def _sweeps(x_q, x_k, v, chunk_size):
@@ -354,40 +305,57 @@ def _sweeps(x_q, x_k, v, chunk_size):
     return q, k, v_rows, block_length(chunk_size, q.shape[-1], v_rows.shape[-1])
 
 
+def _new_state(q, v):
+    """An uninitialised [S, z] (R, F, M + 1) for rows q (R, N, F) and values v (..., M)."""
+    return np.empty((q.shape[0], q.shape[-1], v.shape[-1] + 1), dtype=v.dtype)
+
+
 def _bounds(x, block, causal):
     """The segment bounds of a sweep whose blocks walk the positions of ``x`` (R, N, W)."""
     return segments(x.shape[0], -(-x.shape[1] // block), causal)
 
 
 def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=DEFAULT_CHUNK_SIZE,
-           elu=False):
+           elu=False, key_mask=None, initial_state=None, return_state=False):
     """Normalised linear attention, Eq. (5) / (9)-(12), by blocked matrix products.
     Shapes (..., Nq, F), (..., Nk, F), (..., Nk, M) -> (..., Nq, M); raw q, k with ``elu``.
+    Options as in ``linear_attention``; with ``return_state``, ``(out, State)``.
 
     Cost: O(N (F M + C (F + M))) time, O(N M) memory: the output, nothing more.
     """
+    phi_k, v = drop_padded(phi_k, v, key_mask, elu)
     q, k, v_rows, block = _sweeps(phi_q, phi_k, v, chunk_size)
     out = np.empty((*q.shape[:-1], v.shape[-1]), dtype=v.dtype)          # (R, Nq, M)
-    none = np.empty((0, 0, 0), dtype=v.dtype)
+    none = NONE.astype(v.dtype)
+    final = _new_state(q, v) if return_state else none
     sweep(FORWARD, causal, q, k, v_rows, none, v.dtype.type(eps), elu, out, none, none, none,
-          none, block, _bounds(q, block, causal))
-    return out.reshape((*phi_q.shape[:-1], v.shape[-1]))
+          none, block, _bounds(q, block, causal), start_rows(initial_state, v.dtype), final)
+    out = out.reshape((*phi_q.shape[:-1], v.shape[-1]))
+    return (out, state_of(final, v.shape[:-2])) if return_state else out
 
 
 def attend_backward(dout, phi_q, phi_k, v, *, causal, eps,
-                    chunk_size=DEFAULT_CHUNK_SIZE, elu=False):
+                    chunk_size=DEFAULT_CHUNK_SIZE, elu=False, key_mask=None,
+                    initial_state=None, dstate=None):
     """Backward of ``attend``: (dphi_q, dphi_k, dv), or (dq, dk, dv) with ``elu``, by two
-    sweeps (Eq. 13-15 and the normaliser's gradient; see the module).
+    sweeps (Eq. 13-15 and the normaliser's gradient; see the module), then State(dS0, dz0)
+    when ``initial_state`` is given. Padded keys get exactly 0.
 
     Cost: about 2.6 forwards' flops at C = 16, D = M = 64; O(N (F + M)) memory: the
     gradients and (den, dden) (N, 2).
     """
+    phi_k, v = drop_padded(phi_k, v, key_mask, elu)
     q, k, v_rows, block = _sweeps(phi_q, phi_k, v, chunk_size)
     dout_rows, eps = as_rows(dout), v.dtype.type(eps)
     norms = np.empty((*q.shape[:-1], 2), dtype=v.dtype)                     # (den, dden)
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v_rows)
-    none = np.empty((0, 0, 0), dtype=v.dtype)
-    for stage, walked in ((DQ, q), (DKV, k)):
+    none = NONE.astype(v.dtype)
+    ds1 = none if initial_state is None else _new_state(q, v)       # [dS0, dz0]
+    for stage, walked, start, final in (
+            (DQ, q, start_rows(initial_state, v.dtype), none),      # from [S0, z0]
+            (DKV, k, start_rows(dstate, v.dtype), ds1)):             # from [dS, dz]
         sweep(stage, causal, q, k, v_rows, dout_rows, eps, elu, none, norms, dq, dk, dv,
-              block, _bounds(walked, block, causal))
-    return dq.reshape(phi_q.shape), dk.reshape(phi_k.shape), dv.reshape(v.shape)
+              block, _bounds(walked, block, causal), start, final)
+    dk, dv = zero_padded(key_mask, dk.reshape(phi_k.shape), dv.reshape(v.shape))
+    grads = (dq.reshape(phi_q.shape), dk, dv)
+    return grads if initial_state is None else (*grads, state_of(ds1, v.shape[:-2]))

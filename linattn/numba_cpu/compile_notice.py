@@ -21,6 +21,7 @@ from numba.core import event
 # kernel module (the last part of its name) -> what its kernels compute, for the message
 FAMILIES = {
     "chunked": "linear attention (blocks of positions)",
+    "block_ops": "linear attention (blocks of positions)",
     "quadratic": "linear attention (blocks of the kernel matrix)",
     "products": "linear attention (running sums)",
     "normaliser": "linear attention (running sums)",

@@ -6,7 +6,10 @@ transposed, keys by queries, (C, B): ``St[b, a]`` is about key j0 + b and query 
 per-query quantity (row maximum, row sum, log-sum-exp, dout . out) then lies along the
 contiguous axis, so each loop below runs over queries with no reduction across lanes, and
 LLVM vectorises it without fastmath (a sum along the row would be one chain of adds). Causal
-tiles set the pairs with j > i (Eq. 8) to -inf or 0.
+tiles set the pairs with j > i (Eq. 8) to -inf or 0; padded keys (a key mask) get the same
+on their whole row (``scale_and_max_keys``, ``zero_keys``). A query that sees no key at all
+keeps its maximum at -inf: its exps are taken against 0, all 0, and its sum, 0, is read as 1,
+so its output is 0 and its log-sum-exp -inf (as NumPy's form gives).
 
 The exp (``exp_nonpositive``; its arguments are logits minus a maximum, <= 0) is, for
 float64, ``elu``'s vectorisable one (within 1 ulp of the C library's), and the C library's own where
@@ -86,32 +89,56 @@ def scale_and_max(St, scale, causal, i0, j0, top):
         top[0] = _scale_and_max_column(St.reshape(St.size), scale, top[0])
         return
     for b in range(St.shape[0]):
-        first = _first_seen(causal, i0, j0, b, n)
-        St[b, :first] = -np.inf                                # j > i: no weight, Eq. (8)
-        seen, top_seen = St[b, first:], top[first:n]           # sliced: indices from 0
-        for a in range(seen.size):
-            logit = seen[a] * scale
-            seen[a] = logit
-            top_seen[a] = logit if logit > top_seen[a] else top_seen[a]
+        _scale_and_max_row(St, b, scale, causal, i0, j0, top)
+
+
+@njit(cache=True, error_model="numpy")
+def scale_and_max_keys(St, scale, causal, i0, j0, top, real_c):
+    """``scale_and_max`` with padded keys: real_c (C,) is True for a real key of the tile, and
+    a padded key's row is -inf (no weight in any query's softmax, whatever its logit)."""
+    for b in range(St.shape[0]):
+        if real_c[b]:
+            _scale_and_max_row(St, b, scale, causal, i0, j0, top)
+        else:
+            St[b, :] = -np.inf                                 # padding: no weight
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _scale_and_max_row(St, b, scale, causal, i0, j0, top):
+    """Row b (key j0 + b) of ``scale_and_max``."""
+    n = St.shape[1]
+    first = _first_seen(causal, i0, j0, b, n)
+    St[b, :first] = -np.inf                                    # j > i: no weight, Eq. (8)
+    seen, top_seen = St[b, first:], top[first:n]               # sliced: indices from 0
+    for a in range(seen.size):
+        logit = seen[a] * scale
+        seen[a] = logit
+        top_seen[a] = logit if logit > top_seen[a] else top_seen[a]
 
 
 @njit(cache=True, error_model="numpy")
 def exp_and_sum(St, top, m, total, rescale):
     """The online softmax step: with top the new row maxima, rescale = exp(m - top) (the
     factor for what was summed under the old maxima m), m = top, total = rescale total +
-    sum_b P^T[b, a], and St = P^T = exp(L - m), each entry <= 1: no overflow."""
+    sum_b P^T[b, a], and St = P^T = exp(L - m), each entry <= 1: no overflow. A query that
+    has seen only -inf so far (every key masked) keeps m = -inf, rescale 1, and its exps
+    are taken against 0 (all 0): top becomes that shift."""
     n = St.shape[1]
     for a in range(n):
-        rescale[a] = exp_nonpositive(m[a] - top[a])        # exp(m_old - m_new)
-        m[a] = top[a]
+        if top[a] == -np.inf:                      # no key seen yet: nothing to rescale
+            rescale[a] = 1
+            m[a], top[a] = top[a], 0
+        else:
+            rescale[a] = exp_nonpositive(m[a] - top[a])    # exp(m_old - m_new)
+            m[a] = top[a]
         total[a] *= rescale[a]
     if n == 1:                                     # one query: along its column
-        total[0] += _exp_and_sum_column(St.reshape(St.size), m[0])
+        total[0] += _exp_and_sum_column(St.reshape(St.size), top[0])
         return
     for b in range(St.shape[0]):
         row = St[b]
         for a in range(n):
-            p = exp_nonpositive(row[a] - m[a])             # P^T[b, a], not yet normalised
+            p = exp_nonpositive(row[a] - top[a])           # P^T[b, a], not yet normalised
             row[a] = p
             total[a] += p
 
@@ -182,9 +209,11 @@ def scale_rows(out_b, factor):
 @njit(cache=True, error_model="numpy")
 def finish_rows(out_b, m, total, lse_b):
     """out_b[a] /= total[a] (Eq. 2's denominator) and the log-sum-exp of the logits,
-    lse_b[a] = m[a] + log(total[a]), which the backward rebuilds P from."""
+    lse_b[a] = m[a] + log(total[a]), which the backward rebuilds P from. A total of 0 (a
+    query with every key padded; otherwise the maximum's own term makes it >= 1) is read as
+    1: out 0, lse = m = -inf."""
     for a in range(out_b.shape[0]):
-        t = total[a]
+        t = total[a] if total[a] != 0 else total.dtype.type(1)
         for c in range(out_b.shape[1]):
             out_b[a, c] /= t
         lse_b[a] = m[a] + np.log(t)
@@ -212,6 +241,15 @@ def probabilities_t(St, scale, causal, i0, j0, lse_b):
         seen, lse_seen = St[b, first:], lse_b[first:]          # sliced: indices from 0
         for a in range(seen.size):
             seen[a] = exp_nonpositive(seen[a] * scale - lse_seen[a])
+
+
+@njit(cache=True, error_model="numpy")
+def zero_keys(Pt, real_c):
+    """The rows of padded keys (real_c (C,) False) of a (C, B) tile set to exactly 0: no
+    probability (after ``probabilities_t``), no gradient (after ``dlogits_t``)."""
+    for b in range(Pt.shape[0]):
+        if not real_c[b]:
+            Pt[b, :] = 0
 
 
 @njit(cache=True, error_model="numpy")

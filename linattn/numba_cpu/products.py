@@ -21,8 +21,13 @@ from numba import njit, prange
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def causal_product(a, b, c, reverse, eps, out, den, n_blocks):
-    """out_i = c_i^T sum_{j <= i} a_j b_j^T (j >= i if reverse), normalised if eps >= 0.
+def causal_product(a, b, c, reverse, eps, out, den, n_blocks, start):
+    """out_i = c_i^T (S0 + sum_{j <= i} a_j b_j^T) (j >= i if reverse), normalised if
+    eps >= 0 by c_i^T (z0 + sum_{j <= i} a_j) + eps.
+
+    ``start`` holds the state the scan starts from, a state handed over (Eq. 20): S0 =
+    start[r, :, :B] (R, A, >= B), and when normalising z0 = start[r, :, B] (R, A, B + 1:
+    [S0, z0]); an empty (0, 0, 0) array starts from zeros.
 
     Each unit owns a block of the state's rows (the A axis) and all its columns, so inner
     loops keep their full length; with several blocks per row their partial readouts
@@ -43,6 +48,10 @@ def causal_product(a, b, c, reverse, eps, out, den, n_blocks):
         f1 = min(width_a, f0 + block)
         state = np.zeros((f1 - f0, width_b), dtype=out.dtype)   # S_i, rows f0 .. f1
         z = np.zeros(f1 - f0, dtype=out.dtype)                  # z_i = sum_j a_j, Eq. (11)
+        if start.shape[0] > 0:                                  # S0 + S_i, z0 + z_i
+            state[:] = start[r, f0:f1, :width_b]
+            if eps >= 0:
+                z[:] = start[r, f0:f1, width_b]
         acc = np.empty((2, 2, width_b), dtype=out.dtype)        # (position, parity, column)
         none_a, none_b = np.zeros(width_a, dtype=a.dtype), np.zeros(width_b, dtype=b.dtype)
         for t in range(0, n, 2):

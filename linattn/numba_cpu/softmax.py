@@ -27,6 +27,10 @@ threads: no copy), else ``threads / gcd(rows, threads)`` (1 head on 2 threads: 2
 Chosen over a second pass for dq by query blocks, which would recompute P and dP (two more
 products of the five per tile, and the exps) to save those copies.
 Small work (``PARALLEL_WORK``) runs the same units on the calling thread.
+Key padding: a padded key's k and v are set to 0 first (padding may hold NaN), and its logits
+to -inf in every tile (``flash_tiles.scale_and_max_keys``), its probabilities and their
+gradients to exactly 0 (``flash_tiles.zero_keys``). A query with every key padded gets out 0
+and gradients 0, as NumPy's form gives.
 Memory: out, lse and D (Nq (M + 2)) in the backward, the dq copies, and O(B C) scratch per
 unit; never Nq x Nk. Cost: O(Nq Nk (D + M)) time, halved when causal.
 It replaced row-by-row loops, several times slower. Against PyTorch's
@@ -45,8 +49,9 @@ from . import flash_tiles as tile
 from .blas import gemm
 from .chunked import SINGLE_THREAD_PRODUCT
 from .._checks import rows as as_rows
+from ..forms.padding import drop_padded
 
-SUPPORTS = frozenset({"non_causal"})  # options taken by keyword (dispatch)
+SUPPORTS = frozenset({"non_causal", "key_mask"})  # options taken by keyword (dispatch)
 
 # Queries per block B, and keys per block C <= PRODUCT_BUDGET / (B max(D, M)), so each
 # product (B C max(D, M) multiply-adds) stays under OpenBLAS's threading threshold
@@ -89,29 +94,42 @@ def _check_keys(q, k, causal):
         raise ValueError(f"softmax over zero keys is undefined ({n_queries} queries)")
 
 
-def attend(q, k, v, *, causal, scale):
-    """out = softmax(scale q k^T) v (Eq. 2; causal: j <= i, Eq. 8) by the online softmax.
+def _real_keys(q_rows, k, key_mask):
+    """The key mask as C-contiguous rows (R, Nk), or (R, 0) without one (every key real)."""
+    if key_mask is None:
+        return np.empty((q_rows.shape[0], 0), dtype=np.bool_)
+    return np.ascontiguousarray(key_mask.reshape(q_rows.shape[0], k.shape[-2]))
+
+
+def attend(q, k, v, *, causal, scale, key_mask=None):
+    """out = softmax(scale q k^T) v (Eq. 2; causal: j <= i, Eq. 8) by the online softmax;
+    padded keys (``key_mask`` (..., Nk) False) get probability 0.
 
     Shapes q (..., Nq, D), k (..., Nk, D), v (..., Nk, M) -> (..., Nq, M); causal needs
     Nq == Nk. Cost O(Nq Nk (D + M)) time, O(B C) memory per unit besides out and lse.
     """
     _check_keys(q, k, causal)
+    k, v = drop_padded(k, v, key_mask)                # 0, not whatever padding holds
     q_rows, k_rows, v_rows = as_rows(q), as_rows(k), as_rows(v)
+    real = _real_keys(q_rows, k, key_mask)
     out = np.empty((*q_rows.shape[:-1], v.shape[-1]), dtype=v.dtype)    # (R, Nq, M)
     lse = np.empty(out.shape[:-1], dtype=v.dtype)                        # (R, Nq)
     none = np.empty((0, 0, 0), dtype=v.dtype)
     forward = _forward if _parallel(q, k, v, causal) else _forward_serial
-    forward(q_rows, k_rows, v_rows, none, causal, v.dtype.type(scale),
+    forward(q_rows, k_rows, v_rows, none, real, causal, v.dtype.type(scale),
             *tiles(q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]), out, lse, lse[:0])
     return out.reshape((*q.shape[:-1], v.shape[-1]))
 
 
-def attend_backward(dout, q, k, v, *, causal, scale):
+def attend_backward(dout, q, k, v, *, causal, scale, key_mask=None):
     """(dq, dk, dv) of ``attend``: dv = P^T dout, dL = P * (dout v^T - rowsum(dout * out)),
     dq = scale dL k, dk = scale dL^T q, with P rebuilt tile by tile from the forward's
-    log-sum-exp, never stored. Cost about 3.5 forwards (the forward included)."""
+    log-sum-exp, never stored; exactly 0 dk, dv at padded keys. Cost about 3.5 forwards (the
+    forward included)."""
     _check_keys(q, k, causal)
+    k, v = drop_padded(k, v, key_mask)
     q_rows, k_rows, v_rows, dout_rows = (as_rows(x) for x in (q, k, v, dout))
+    real = _real_keys(q_rows, k, key_mask)
     scale = v.dtype.type(scale)
     block_q, block_k = tiles(q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1])
     out = np.empty_like(dout_rows)                                       # (R, Nq, M)
@@ -119,32 +137,34 @@ def attend_backward(dout, q, k, v, *, causal, scale):
     parallel = _parallel(q, k, v, causal)
     forward, backward = (_forward, _backward) if parallel else (_forward_serial,
                                                                 _backward_serial)
-    forward(q_rows, k_rows, v_rows, dout_rows, causal, scale, block_q, block_k, out, lse,
-            delta)
+    forward(q_rows, k_rows, v_rows, dout_rows, real, causal, scale, block_q, block_k, out,
+            lse, delta)
     threads = numba.get_num_threads() if parallel else 1
     n_segments = threads // math.gcd(max(1, q_rows.shape[0]), threads)
     dq_parts = np.zeros((n_segments, *q_rows.shape), dtype=v.dtype)      # (S, R, Nq, D)
     dk, dv = np.zeros_like(k_rows), np.zeros_like(v_rows)
-    backward(q_rows, k_rows, v_rows, dout_rows, lse, delta, causal, scale, block_q, block_k,
-             dq_parts, dk, dv)
+    backward(q_rows, k_rows, v_rows, dout_rows, real, lse, delta, causal, scale, block_q,
+             block_k, dq_parts, dk, dv)
     dq = dq_parts[0] if n_segments == 1 else dq_parts.sum(axis=0)
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def _forward(q, k, v, dout, causal, scale, block_q, block_k, out, lse, delta):
+def _forward(q, k, v, dout, real, causal, scale, block_q, block_k, out, lse, delta):
     """out (R, Nq, M) and lse (R, Nq) from q (R, Nq, D), k (R, Nk, D), v (R, Nk, M); if dout
-    has rows, also delta = rowsum(dout * out) (R, Nq) for the backward. Units in parallel."""
+    has rows, also delta = rowsum(dout * out) (R, Nq) for the backward. ``real`` (R, Nk) is
+    True for a real key, or (R, 0) when every key is real. Units in parallel."""
     for unit in prange(_forward_units(q, block_q, causal)):
-        _forward_unit(np.int64(unit), q, k, v, dout, causal, scale, block_q, block_k, out,
-                      lse, delta)                  # prange counts unsigned
+        _forward_unit(np.int64(unit), q, k, v, dout, real, causal, scale, block_q, block_k,
+                      out, lse, delta)             # prange counts unsigned
 
 
 @njit(cache=True, error_model="numpy")
-def _forward_serial(q, k, v, dout, causal, scale, block_q, block_k, out, lse, delta):
+def _forward_serial(q, k, v, dout, real, causal, scale, block_q, block_k, out, lse, delta):
     """``_forward`` on the calling thread: for work too small to wake the other threads."""
     for unit in range(_forward_units(q, block_q, causal)):
-        _forward_unit(unit, q, k, v, dout, causal, scale, block_q, block_k, out, lse, delta)
+        _forward_unit(unit, q, k, v, dout, real, causal, scale, block_q, block_k, out, lse,
+                      delta)
 
 
 @njit(cache=True, error_model="numpy")
@@ -155,7 +175,8 @@ def _forward_units(q, block_q, causal):
 
 
 @njit(cache=True, error_model="numpy")
-def _forward_unit(unit, q, k, v, dout, causal, scale, block_q, block_k, out, lse, delta):
+def _forward_unit(unit, q, k, v, dout, real, causal, scale, block_q, block_k, out, lse,
+                  delta):
     """One unit: query block b of row r, and causal, also block n - 1 - b, so that every
     unit sees n + 1 key blocks."""
     n_queries = q.shape[1]
@@ -171,15 +192,17 @@ def _forward_unit(unit, q, k, v, dout, causal, scale, block_q, block_k, out, lse
             break
         i0 = blk * block_q
         i1 = min(n_queries, i0 + block_q)
-        _forward_block(q[r], k[r], v[r], causal, scale, i0, i1, block_k, out[r], lse[r],
-                       scratch, q_t, stats)
+        _forward_block(q[r], k[r], v[r], real[r], causal, scale, i0, i1, block_k, out[r],
+                       lse[r], scratch, q_t, stats)
         if dout.shape[0] > 0:
             tile.row_dots(dout[r, i0:i1], out[r, i0:i1], delta[r, i0:i1])   # D = dO . O
 
 
 @njit(cache=True, error_model="numpy")
-def _forward_block(q, k, v, causal, scale, i0, i1, block_k, out, lse, scratch, q_t, stats):
-    """out[i0:i1] and lse[i0:i1] of one row: the online softmax over its key blocks."""
+def _forward_block(q, k, v, real, causal, scale, i0, i1, block_k, out, lse, scratch, q_t,
+                   stats):
+    """out[i0:i1] and lse[i0:i1] of one row: the online softmax over its key blocks, padded
+    keys (``real`` (Nk,) False; empty: none) left out."""
     n = i1 - i0
     q_bt, out_b = tile.transpose_into(q[i0:i1], q_t), out[i0:i1]     # Q_b^T (D, B)
     m, total, top, rescale = stats[0], stats[1], stats[2], stats[3]
@@ -192,7 +215,10 @@ def _forward_block(q, k, v, causal, scale, i0, i1, block_k, out, lse, scratch, q
         St = scratch[:(j1 - j0) * n].reshape(j1 - j0, n)
         gemm(k[j0:j1], q_bt, St, 0)                # S^T = K_c Q_b^T (C, B)
         top[:] = m
-        tile.scale_and_max(St, scale, causal, i0, j0, top)      # L, m' = max(m, rowmax L)
+        if real.size:                              # L, m' = max(m, rowmax L)
+            tile.scale_and_max_keys(St, scale, causal, i0, j0, top, real[j0:j1])
+        else:
+            tile.scale_and_max(St, scale, causal, i0, j0, top)
         tile.exp_and_sum(St, top, m, total, rescale)            # P, l, exp(m - m')
         tile.scale_rows(out_b, rescale)            # O = diag(exp(m - m')) O
         gemm(St.T, v[j0:j1], out_b, 1)             #     + P V_c, (B, M)
@@ -200,26 +226,27 @@ def _forward_block(q, k, v, causal, scale, i0, i1, block_k, out, lse, scratch, q
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def _backward(q, k, v, dout, lse, delta, causal, scale, block_q, block_k, dq_parts, dk, dv):
+def _backward(q, k, v, dout, real, lse, delta, causal, scale, block_q, block_k, dq_parts, dk,
+              dv):
     """dk, dv (R, Nk, D / M) and dq_parts (S, R, Nq, D), dq's share from each of S segments
     of key blocks, all zeroed by the caller; lse, delta (R, Nq) from ``_forward``. Units
     (rows x segments) in parallel."""
     for unit in prange(k.shape[0] * dq_parts.shape[0]):
-        _backward_unit(np.int64(unit), q, k, v, dout, lse, delta, causal, scale, block_q,
-                       block_k, dq_parts, dk, dv)
+        _backward_unit(np.int64(unit), q, k, v, dout, real, lse, delta, causal, scale,
+                       block_q, block_k, dq_parts, dk, dv)
 
 
 @njit(cache=True, error_model="numpy")
-def _backward_serial(q, k, v, dout, lse, delta, causal, scale, block_q, block_k, dq_parts,
-                     dk, dv):
+def _backward_serial(q, k, v, dout, real, lse, delta, causal, scale, block_q, block_k,
+                     dq_parts, dk, dv):
     """``_backward`` on the calling thread."""
     for unit in range(k.shape[0] * dq_parts.shape[0]):
-        _backward_unit(unit, q, k, v, dout, lse, delta, causal, scale, block_q, block_k,
+        _backward_unit(unit, q, k, v, dout, real, lse, delta, causal, scale, block_q, block_k,
                        dq_parts, dk, dv)
 
 
 @njit(cache=True, error_model="numpy")
-def _backward_unit(unit, q, k, v, dout, lse, delta, causal, scale, block_q, block_k,
+def _backward_unit(unit, q, k, v, dout, real, lse, delta, causal, scale, block_q, block_k,
                    dq_parts, dk, dv):
     """One unit: segment s of row r, the key blocks s, s + S, ... (causal: those pairs of
     blocks, i and n - 1 - i), each adding its share of dq into dq_parts[s, r]."""
@@ -235,16 +262,17 @@ def _backward_unit(unit, q, k, v, dout, lse, delta, causal, scale, block_q, bloc
             if half == 1 and blk == t:
                 break
             j0 = blk * block_k
-            _backward_block(q[r], k[r], v[r], dout[r], lse[r], delta[r], causal, scale, j0,
-                            min(n_keys, j0 + block_k), block_q, dq_parts[s, r], dk[r],
-                            dv[r], scratch, kv_t)
+            _backward_block(q[r], k[r], v[r], dout[r], real[r], lse[r], delta[r], causal,
+                            scale, j0, min(n_keys, j0 + block_k), block_q, dq_parts[s, r],
+                            dk[r], dv[r], scratch, kv_t)
 
 
 @njit(cache=True, error_model="numpy")
-def _backward_block(q, k, v, dout, lse, delta, causal, scale, j0, j1, block_q, dq, dk, dv,
-                    scratch, kv_t):
+def _backward_block(q, k, v, dout, real, lse, delta, causal, scale, j0, j1, block_q, dq, dk,
+                    dv, scratch, kv_t):
     """dk[j0:j1], dv[j0:j1] of one row, and key block j0:j1's share of dq, over the query
-    blocks that see it (causal: from the block holding query j0)."""
+    blocks that see it (causal: from the block holding query j0); padded keys (``real``
+    (Nk,) False; empty: none) have P = 0 and dL = 0."""
     c = j1 - j0
     k_c, dk_c, dv_c = k[j0:j1], dk[j0:j1], dv[j0:j1]
     k_ct = tile.transpose_into(k_c, kv_t[0])      # K_c^T (D, C)
@@ -259,9 +287,13 @@ def _backward_block(q, k, v, dout, lse, delta, causal, scale, j0, j1, block_q, d
         gemm(k_ct.T, q_b.T, Pt, 0)                 # S^T = K_c Q_b^T (C, B)
         # P^T = exp(scale S^T - lse)
         tile.probabilities_t(Pt, scale, causal, i0, j0, lse[i0:i1])
+        if real.size:
+            tile.zero_keys(Pt, real[j0:j1])        # padding: P = 0
         gemm(Pt, dout_b, dv_c, 1)                  # dV_c += P^T dO_b (C, M)
         gemm(v_ct.T, dout_b.T, dPt, 0)             # dP^T = V_c dO_b^T (C, B)
         # Pt <- scale dL^T = scale P^T * (dP^T - D)
         tile.dlogits_t(Pt, dPt, delta[i0:i1], scale, causal, i0, j0)
+        if real.size:
+            tile.zero_keys(Pt, real[j0:j1])        # and dL = 0
         gemm(Pt, q_b, dk_c, 1)                     # dK_c += scale dL^T Q_b (C, D)
         gemm(Pt.T, k_c, dq[i0:i1], 1)              # dQ_b += scale dL K_c (B, D)
