@@ -427,10 +427,19 @@ def _benchmark(out, quick, caption, peer_python):
 def _speech(out, quick, caption, peer_python):
     """The four models of the paper's Table 3 on the SYNTHETIC phoneme task (runs in a
     temporary folder); the table beside the figure as speech_table.csv."""
+    from threadpoolctl import threadpool_info
+
+    from .. import dispatch
     with tempfile.TemporaryDirectory() as runs:
         rows, table = measure.speech_rows(runs, quick)
+    # what the transformers' attention ran on: a padded batch, non-causal, one call per layer
+    _, backend = dispatch.kernel("softmax", "auto", "auto", np, needs=dispatch.needed(
+        causal=False, key_mask=True))
+    blas = ", ".join(f"{i.get('internal_api')} {i.get('num_threads')}"
+                     for i in threadpool_info() if i.get("user_api") == "blas")
     write_csv(out / "speech_table.csv", table, tuple(table[0]),
-              {"figure": "speech_table", **machine(), "caption": caption})
+              {"figure": "speech_table", **machine(), "caption": caption,
+               "attention": f"backend 'auto' ran {backend}", "blas threads": blas})
     title = ("Speech, SYNTHETIC phoneme task (not WSJ): CTC, "
              f"{measure.SPEECH_TASK['n_train']} training utterances, float32")
     return (*speech_per(rows, out / "speech_per", title=title if not quick else "Speech",

@@ -103,10 +103,11 @@ def _missing(title, path):
 
 def _header(figures_dir, bench):
     lines = ["# Performance", "",
-             "Written by `linattn.lab.performance_page` from the files of one run of "
-             "`make figures` (the CSVs in `figures/`, the benchmark's `figures/data/`); do "
-             "not edit it by hand. Other machines give other numbers, and other ratios: "
-             "read each as this run's.", ""]
+             "Written by `linattn.lab.performance_page` from the files `make figures` "
+             "writes (the CSVs in `figures/`, the benchmark's `figures/data/`); do not edit "
+             "it by hand. Each section names the date of its file, and where a file came "
+             "from another run than the benchmark's, its machine. Other machines give other "
+             "numbers, and other ratios: read each as its run's.", ""]
     if bench is None:
         _, meta = _csv(figures_dir / "time_vs_n.csv")
         lines.append(f"- machine: {meta.get('machine', 'not recorded')}")
@@ -258,6 +259,11 @@ def _copy_task(figures_dir):
             + _table(["attention", "step", "held-out loss"], body))
 
 
+def _sentence(text):
+    """" " and ``text`` as a sentence, its first letter capitalised; "" for None."""
+    return f" {text[0].upper()}{text[1:]}." if text else ""
+
+
 def _speech(figures_dir):
     path = figures_dir / "speech_table.csv"
     rows, meta = _csv(path)
@@ -268,7 +274,8 @@ def _speech(figures_dir):
     return (f"## Speech, synthetic task (`{path.name}`, {meta.get('date')})\n\nThe paper's "
             "Table 3 on a synthetic phoneme task (not WSJ; see `docs/speech.md`): test phoneme "
             "error rate and the median seconds per training epoch; the last rows are trivial "
-            "outputs, for scale.\n\n"
+            "outputs, for scale." + _sentence(meta.get("caption"))
+            + _sentence(meta.get("attention")) + "\n\n"
             + _table(["model", "parameters", "epochs", "test PER", "s / epoch"], body,
                      ["---", "---:", "---:", "---:", "---:"]))
 

@@ -1,9 +1,9 @@
 """One line on stderr while Numba compiles: the first call of a kernel in a fresh process on a
-machine whose disk cache does not hold it yet sits silent for 15-60 s, and the user cannot
-tell a compile from a hang.
+machine whose disk cache does not hold it yet sits silent for seconds to a minute (how long
+depends on the machine and the kernels), and the user cannot tell a compile from a hang.
 
     linattn: compiling the Numba kernels of linear attention (blocks of positions) for
-    float32, once: about 20-60 s; later runs load them from Numba's disk cache
+    float32, once; later runs load them from Numba's disk cache
 
 Every kernel is ``@njit(cache=True)``: a call first looks in the disk cache, and only a miss
 compiles. Numba announces each real compile as a ``"numba:compile"`` event (its documented
@@ -55,7 +55,7 @@ class FirstCompile(event.Listener):
             return
         self.told.add((family, dtype))
         print(f"linattn: compiling the Numba kernels of {family}{' for ' + dtype if dtype else ''}"
-              f", once: about 20-60 s; later runs load them from Numba's disk cache",
+              f", once; later runs load them from Numba's disk cache",
               file=self.stream or sys.stderr, flush=True)
 
     def on_end(self, ev):

@@ -20,7 +20,7 @@ def _two_sum(fn):
     s, e = np.asarray(s), np.asarray(e)
     assert s.dtype == e.dtype == np.float32, f"both in float32, got {s.dtype}, {e.dtype}"
     np.testing.assert_array_equal(s, a + b, err_msg="s is the float32 sum a + b, rounded")
-    exact = a.astype(np.float64) + b.astype(np.float64)       # exact: 24 + 24 bits fit in 53
+    exact = a.astype(np.float64) + b.astype(np.float64)  # both sides round the same a + b once
     np.testing.assert_array_equal(s.astype(np.float64) + e.astype(np.float64), exact,
                                   err_msg="s + e must be a + b exactly: e is what rounding "
                                           "lost")
