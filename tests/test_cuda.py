@@ -302,8 +302,8 @@ def test_nan_key_reaches_only_later_rows_when_causal(cp, method):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_padding_and_states_on_the_gpu(cp, dtype):
     """Key padding (NaN in the padded rows) and states handed in and out, through the public
-    functions on CuPy arrays (the chunked kernels), against the NumPy backend; and softmax's
-    key padding (NumPy's form on CuPy arrays)."""
+    functions on CuPy arrays (causal: the chunked kernels), against the NumPy backend; and
+    key padding without the causal mask, and softmax's (NumPy's forms on CuPy arrays)."""
     from linattn import dispatch
     assert dispatch.kernel("linear", "auto", "auto", cp, True, (130, 3),
                            needs=dispatch.needed(causal=True, key_mask=True, initial_state=True,
@@ -336,9 +336,18 @@ def test_padding_and_states_on_the_gpu(cp, dtype):
     assert np.all(cp.asnumpy(grads[1])[~mask] == 0) and np.all(cp.asnumpy(grads[2])[~mask] == 0)
     for got, w in zip((*grads[:3], *grads[3]), (*wants[:3], *wants[3])):
         assert_close(cp.asnumpy(got), w, dtype)
-    soft = softmax_attention(*g[:3], causal=True, key_mask=g[4])
-    assert_close(cp.asnumpy(soft),
-                 softmax_attention(q, k, v, causal=True, key_mask=mask, backend="numpy"), dtype)
+    for causal in (True, False):      # non-causal: NumPy's forms on the CuPy arrays
+        soft = softmax_attention(*g[:3], causal=causal, key_mask=g[4])
+        assert_close(cp.asnumpy(soft), softmax_attention(q, k, v, causal=causal, key_mask=mask,
+                                                         backend="numpy"), dtype)
+    out = linear_attention(*g[:3], key_mask=g[4])
+    assert_close(cp.asnumpy(out), linear_attention(q, k, v, key_mask=mask, backend="numpy"),
+                 dtype)
+    grads = linear_attention_backward(g[3], *g[:3], key_mask=g[4])
+    assert np.all(cp.asnumpy(grads[1])[~mask] == 0) and np.all(cp.asnumpy(grads[2])[~mask] == 0)
+    for got, w in zip(grads, linear_attention_backward(dout, q, k, v, key_mask=mask,
+                                                       backend="numpy")):
+        assert_close(cp.asnumpy(got), w, dtype)
 
 
 @pytest.mark.parametrize("lead, n", [((2,), 0), ((0,), 5)])

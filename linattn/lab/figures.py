@@ -380,8 +380,8 @@ COPY_ATTENTIONS = ("linear", "softmax", "lsh-1", "lsh-4")
 def _copy_task(out, quick, caption, peer_python):
     """The four attentions of the paper's Figure 2 trained afresh (the runs go to a temporary
     folder), on one thread: at these sizes a second one only adds overhead. LSH takes chunks
-    of 8 positions, so that the 25 positions of a string of 12 fall into 4 chunks, as the
-    paper's 128 positions fall into chunks of 32."""
+    of 8 positions, so that the 25 positions of a string of 12 fall into 4 chunks, as 128
+    positions, the paper's longest, would fall into chunks of 32."""
     from threadpoolctl import threadpool_limits
 
     tiny = dict(steps=20, eval_every=5, length=3, d_model=16, n_heads=2, d_mlp=32,
