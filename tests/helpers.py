@@ -68,3 +68,15 @@ def assert_gradients_match(f, f_backward, arrays, seed=0, tol=1e-6):
         assert g.shape == w.shape, (i, g.shape, w.shape)
         err = relative_error(g, w)
         assert err < tol, f"gradient {i}: relative error {err:.2e}"
+
+
+def assert_lsh_backends_agree(qk, v, dout, **kw):
+    """LSH attention and its backward on Numba equal NumPy's, float64 to rtol 1e-10."""
+    from linattn import lsh_attention, lsh_attention_backward
+    np.testing.assert_allclose(lsh_attention(qk, v, backend="numba", **kw),
+                               lsh_attention(qk, v, backend="numpy", **kw),
+                               rtol=1e-10, atol=1e-12)
+    got = lsh_attention_backward(dout, qk, v, backend="numba", **kw)
+    want = lsh_attention_backward(dout, qk, v, backend="numpy", **kw)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)

@@ -8,7 +8,7 @@ from hypothesis import given, strategies as st
 from linattn import lsh_attention, lsh_attention_backward, lsh_attention_mask
 from linattn.forms import lsh as forms_lsh
 
-from helpers import assert_gradients_match, random_qkv
+from helpers import assert_gradients_match, assert_lsh_backends_agree, random_qkv
 
 BACKENDS = ("numpy", "numba")
 
@@ -80,13 +80,7 @@ def test_numba_matches_numpy(lead, n, d, m, chunk_size, n_hashes, causal, seed):
     qk, v = random_qkv2(seed, n, d, m, lead)
     dout = np.random.default_rng(seed + 1).standard_normal(v.shape)
     kw = dict(n_hashes=n_hashes, chunk_size=chunk_size, causal=causal, seed=seed % 1000)
-    np.testing.assert_allclose(lsh_attention(qk, v, backend="numba", **kw),
-                               lsh_attention(qk, v, backend="numpy", **kw),
-                               rtol=1e-10, atol=1e-12)
-    got = lsh_attention_backward(dout, qk, v, backend="numba", **kw)
-    want = lsh_attention_backward(dout, qk, v, backend="numpy", **kw)
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+    assert_lsh_backends_agree(qk, v, dout, **kw)
 
 
 @pytest.mark.parametrize("causal", [False, True])
