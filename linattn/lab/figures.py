@@ -280,13 +280,12 @@ def memory_vs_n(rows, path, title=None, caption=None, ylabel="peak memory (MiB)"
                    ylabel, title, scale=2.0 ** -20, caption=caption)
 
 
-def time_per_token(rows, path, title=None, caption=None):
+def time_per_token(rows, path, title=None, caption=None, ylabel="seconds per token"):
     """Seconds to generate one token against its position (the context length, from 1),
     log-log: an RNN state costs the same at every position, a key/value cache grows.
-    Rows: TOKEN_COLUMNS."""
+    Rows: TOKEN_COLUMNS; ``ylabel`` says which seconds they are (wall clock, CPU)."""
     return _figure(rows, path, "position", ("seconds_per_token",), TOKEN_COLUMNS,
-                   "position (tokens in the context)", "seconds per token", title,
-                   caption=caption)
+                   "position (tokens in the context)", ylabel, title, caption=caption)
 
 
 def feature_map_error(rows, path, title=None, caption=None):

@@ -14,9 +14,9 @@ from ._exercises import assert_below_n_by_n, report
 _SLOPES = {"numpy": {"time": 2.0, "memory": 2.0}, "numba": {"time": 2.0, "memory": 1.0}}
 _WHY = {("numpy", "time"): "the NumPy backend computes all N^2 logits and then masks them: "
                            "the same work as without the mask",
-        ("numba", "time"): "the compiled loops skip the pairs j > i: N^2 / 2 pairs, about half "
-                           "the time once N is well above one tile (64), which shifts the "
-                           "log-log line down and leaves its slope at 2",
+        ("numba", "time"): "the compiled loops skip the pairs j > i: about N^2 / 2 pairs, half "
+                           "the multiply-adds once N is well above one tile (64), a constant "
+                           "factor that leaves the log-log slope at 2",
         ("numpy", "memory"): "the NumPy backend builds the full N x N logits and masks them "
                              "with -inf; nothing is saved",
         ("numba", "memory"): "the Numba kernel holds a few tiles of logits at a time, "

@@ -7,8 +7,8 @@ import numpy as np
 
 def predicted_slopes():
     """NumPy computes all N^2 logits and masks them: the same work and memory as without the
-    mask. Numba's loops skip the pairs j > i, about half of the N^2: about half the time once
-    N is well above one tile (64), a log-log line shifted down by log 2, the same slope; and
+    mask. Numba's loops skip the pairs j > i, about half of the N^2: half the multiply-adds once
+    N is well above one tile (64), a constant factor, so the same slope; and
     it holds a few tiles at a time, so its memory grows like its output, N."""
     return {"numpy": {"time": 2.0, "memory": 2.0},
             "numba": {"time": 2.0, "memory": 1.0}}
