@@ -13,6 +13,8 @@ def test_quick_bench_writes_results(tmp_path, capsys):
     assert main(["bench", "--quick", "--no-peers", "--no-progress", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "bench.json").read_text())
     assert results["machine"]["cpu"] and results["ceiling_gflops"] > 0
+    described = results["machine"]["instruction_set"]          # the mode this process ran
+    assert described["mode"] == "native" and described["numba_cpu"]
     cases = {row["case"] for row in results["scaling"]}
     assert {"softmax numpy", "causal numba", "causal numpy chunked"} <= cases
     for row in results["scaling"]:
@@ -36,6 +38,7 @@ def test_quick_bench_writes_results(tmp_path, capsys):
         assert (tmp_path / name).stat().st_size > 0
     output = capsys.readouterr().out
     assert "summary" in output and "Recurrence.step / floor" in output
+    assert "instruction set: native (numba " in output
     for word in ("target", "goal", " met"):
         assert word not in output
 
@@ -43,6 +46,8 @@ def test_quick_bench_writes_results(tmp_path, capsys):
 def test_bench_rejects_no_rounds():
     with pytest.raises(SystemExit):
         main(["bench", "--rounds", "0"])
+    with pytest.raises(SystemExit):
+        main(["bench", "--isa", "sse"])
 
 
 def test_interleaved_takes_calls_in_turn_each_after_an_untimed_one():

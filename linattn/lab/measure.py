@@ -21,6 +21,7 @@ import os
 
 import numpy as np
 
+from . import isa
 from ..feature_maps import Favor, Taylor
 from ..linear import linear_attention
 from ..model.train import DEFAULT_ADAM, TrainConfig, copy_task_curves, read_log
@@ -263,8 +264,11 @@ def machine_caption(machine):
     if isinstance(blas, list) and blas:
         b = blas[0]
         blas = f"{b.get('internal_api')} {b.get('version')} ({b.get('architecture')})"
-    return (f"{machine.get('cpu')}, {machine.get('cores_available')} cores, BLAS {blas}, "
-            f"numba {machine.get('numba')} on {machine.get('numba_threads')} threads")
+    caption = (f"{machine.get('cpu')}, {machine.get('cores_available')} cores, BLAS {blas}, "
+               f"numba {machine.get('numba')} on {machine.get('numba_threads')} threads")
+    if machine.get("instruction_set"):    # benchmarks from before it was recorded lack it
+        caption += f", {isa.label(machine['instruction_set'])}"
+    return caption
 
 
 def crossover_n(rows, slow, fast, key="seconds_fwdbwd"):

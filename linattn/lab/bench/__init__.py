@@ -31,6 +31,7 @@ import numpy as np
 from tqdm import tqdm
 
 from . import cases, report, timing
+from .. import isa
 from ..._cli_types import (Parser, executable, non_negative_float, out_dir, positive_float,
                           positive_int)
 from ...threads import user_environment
@@ -72,6 +73,10 @@ def parse(argv):
     p.add_argument("--widths", type=positive_int, nargs="*", default=[16, 32, 64, 128, 256],
                    help="D = M of the crossover (none: skip it)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--isa", choices=isa.MODES, default=None,
+                   help="instruction set of every side: avx2 holds Numba, OpenBLAS and the "
+                        "peers to Haswell's (see linattn.lab.isa); default: as this process "
+                        "runs")
     cfg = p.parse_args(argv)
     cfg.peer_python = cfg.peer_python or sys.executable
     if cfg.min_n > cfg.max_n:
@@ -167,7 +172,8 @@ def peers(cfg):
                                 "budget": cfg.budget, "tokens": cfg.tokens})
     if result is None:
         return None, note
-    note = f"torch {result['torch']} ({result['threads']} threads)"
+    note = (f"torch {result['torch']} ({result['threads']} threads, vector kernels "
+            f"{result.get('cpu_capability')})")
     if not result["fast_transformers"]:
         note += ", pytorch-fast-transformers not installed"
     return result, note
@@ -188,6 +194,7 @@ def _peers(cfg, config):
     # freed, so that the peers' peak resident memory (timing.peak_rss_bytes) follows what
     # they hold instead of what glibc kept from earlier calls
     env = user_environment(MALLOC_MMAP_THRESHOLD_=str(1 << 17))
+    env = isa.environment(isa.mode(), env)         # the peers run in this process's mode
     run = subprocess.run([cfg.peer_python, os.path.join(os.path.dirname(__file__), "peers.py"),
                           json.dumps(config)], capture_output=True, text=True, env=env)
     if run.returncode != 0:
@@ -197,6 +204,12 @@ def _peers(cfg, config):
 
 def main(argv=None):
     cfg = parse(sys.argv[1:] if argv is None else argv)
+    if cfg.isa is not None and cfg.isa != isa.mode():
+        # Numba and OpenBLAS read their target when they load: run again in the mode asked
+        sys.stdout.flush()
+        argv = sys.argv[1:] if argv is None else argv
+        os.execve(sys.executable, [sys.executable, "-m", "linattn.lab.bench", *argv],
+                  isa.environment(cfg.isa))
     os.makedirs(cfg.out, exist_ok=True)
     dtype = np.dtype(cfg.dtype)
     cfg.dtype = dtype.name

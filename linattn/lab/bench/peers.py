@@ -134,7 +134,8 @@ def head_to_head(torch, config):
 
 def main(config):
     import torch
-    result = {"torch": torch.__version__, "threads": torch.get_num_threads(), "scaling": []}
+    result = {"torch": torch.__version__, "threads": torch.get_num_threads(), "scaling": [],
+              "cpu_capability": torch.backends.cpu.get_cpu_capability()}  # its vector kernels
     try:
         import fast_transformers  # noqa: F401
         result["fast_transformers"] = True

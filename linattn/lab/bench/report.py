@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 
+from .. import isa
 from .cases import PAIRS
 
 
@@ -102,6 +103,8 @@ def text(results):
     m, cfg = results["machine"], results["config"]
     parts = [f"machine: {m['cpu']}, {m['cores_available']} cores, numpy {m['numpy']}, "
              f"numba {m['numba']} ({m['numba_threads']} threads), BLAS {m['blas']}",
+             f"instruction set: {isa.label(m['instruction_set'])}"
+             if m.get("instruction_set") else "instruction set: not recorded",
              f"float32 matmul ceiling: {results['ceiling_gflops']:.1f} GFLOP/s; "
              f"batch={cfg['batch']} heads={cfg['heads']} D={cfg['dim']} M={cfg['value_dim']} "
              f"{cfg['dtype']}; peers: {results['peers_note']}", "", "summary"]

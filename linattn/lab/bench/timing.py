@@ -27,6 +27,8 @@ import tracemalloc
 
 import numpy as np
 
+from .. import isa
+
 
 def seconds(f, repeats=5, warmup=1):
     """(median, best) wall time of ``f()`` over ``repeats`` calls (``timeit``), after
@@ -197,6 +199,7 @@ def machine():
         "openblas_env": {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                                                     "OPENBLAS_NUM_THREADS")
                          if k in os.environ},
+        "instruction_set": isa.describe(),
         "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
     }
