@@ -63,3 +63,18 @@ def test_interleaved_takes_calls_in_turn_each_after_an_untimed_one():
     best = timing.interleaved(calls, rounds=3)
     assert log == ["set a", "a", "a", "set b", "b", "b"] * 3
     assert set(best) == {"a", "b"} and best["a"] < 0.05
+
+
+def test_the_peers_script_imports_without_linattn(tmp_path):
+    """``peers.py`` runs in the peers' interpreter, which has no linattn: it finds its sibling
+    ``timing`` through its own folder, so neither may import from the package at load time."""
+    import pathlib
+    import subprocess
+    import sys
+
+    folder = pathlib.Path(timing.__file__).parent
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); sys.modules['linattn'] = None; "
+             "import timing, peers")
+    run = subprocess.run([sys.executable, "-c", probe, str(folder)], capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr

@@ -27,8 +27,6 @@ import tracemalloc
 
 import numpy as np
 
-from .. import isa
-
 
 def seconds(f, repeats=5, warmup=1):
     """(median, best) wall time of ``f()`` over ``repeats`` calls (``timeit``), after
@@ -186,6 +184,8 @@ def _blas():
 def machine():
     """A JSON-ready description of this machine and the libraries the numbers depend on."""
     import numba
+
+    from .. import isa        # here: the peers' script imports this module as a top-level one
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "cpu": _cpu_model(),
