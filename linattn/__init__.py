@@ -6,6 +6,7 @@ section 3.4 as a step function and as a stateful ``Recurrence``.
 """
 from .feature_maps import EluPlusOne, Favor, ReLU, Taylor
 from .forms.recurrent import CompensatedState, State
+from .delta import delta_rule_attention, delta_rule_attention_backward, delta_rule_step
 from .linear import linear_attention, linear_attention_backward, linear_attention_step
 from .recurrence import Recurrence
 from .lsh import lsh_attention, lsh_attention_backward, lsh_attention_mask
@@ -17,6 +18,7 @@ __all__ = [
     "linear_attention", "linear_attention_backward", "linear_attention_step", "State",
     "Recurrence", "CompensatedState",
     "lsh_attention", "lsh_attention_backward", "lsh_attention_mask",
+    "delta_rule_attention", "delta_rule_attention_backward", "delta_rule_step",
     "EluPlusOne", "ReLU", "Taylor", "Favor", "warmup",
 ]
 __version__ = "0.1.0"

@@ -364,3 +364,49 @@ def check_states(causal, initial_state, return_state):
         raise ValueError("initial_state, return_state and dstate need causal=True: a state carries "
                          "the keys before a position over to the next piece of a sequence")
     return return_state
+
+
+# --- the delta rule (linattn.delta) -----------------------------------------------------------
+
+def check_numpy_only(family, *arrays):
+    """A TypeError when any of ``arrays`` is a CuPy array: ``family`` runs on NumPy only."""
+    if any(array_module(a) is not np for a in arrays):
+        raise TypeError(f"{family} runs on NumPy arrays only: it has no CUDA kernel; move the "
+                        f"arrays to the host with cupy.asnumpy(x)")
+
+
+def check_beta(beta, shape, dtype, name="beta"):
+    """The write strengths ``beta`` as a float array of ``shape`` (..., N) in ``dtype``.
+
+    Each finite value must lie in [0, 2]: with a unit key k the update multiplies the memory
+    by I - beta k k^T, whose eigenvalue along k is 1 - beta, of size at most 1 only there.
+    NaN and inf are passed on (NaN in gives NaN out, as everywhere)."""
+    beta = as_float_array(name, beta)
+    if array_module(beta) is not np:
+        check_numpy_only("the delta rule", beta)
+    if beta.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)} (one strength per position, "
+                         f"the leading axes and N of q), got {beta.shape}")
+    finite = beta[np.isfinite(beta)]
+    if finite.size and (finite.min() < 0 or finite.max() > 2):
+        raise ValueError(f"{name} must lie in [0, 2] (usually (0, 1), a sigmoid): outside it "
+                         f"the update I - beta k k^T is no longer a contraction; got values in "
+                         f"[{finite.min()}, {finite.max()}]")
+    return beta.astype(dtype, copy=False)
+
+
+def check_memory(state, shape, dtype, name="initial_state"):
+    """The delta rule's memory S as a float array of ``shape`` (..., F, M) in ``dtype``;
+    None stays None (zero memory)."""
+    if state is None:
+        return None
+    if isinstance(state, tuple):
+        raise TypeError(f"{name} of the delta rule is one array S (..., F, M), not a tuple "
+                        f"like linear attention's State (S, z): the delta rule has no "
+                        f"normaliser z")
+    state = as_float_array(name, state)
+    check_numpy_only("the delta rule", state)
+    if state.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)} (..., F, M) for these inputs "
+                         f"and feature map, got {state.shape}")
+    return state.astype(dtype, copy=False)

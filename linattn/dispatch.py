@@ -27,6 +27,11 @@ The families and the functions their modules define (same names on every backend
   *, causal, scale) -> (dq, dk, dv)``; with the option ``key_mask=``.
 - ``"lsh"``: ``attend(qk, v, *, n_hashes, chunk_size, n_buckets, causal, seed)`` and
   ``attend_backward(dout, qk, v, *, ...) -> (dqk, dv)``; with the option ``key_mask=``.
+- ``"delta"``: ``attend(q, k, v, beta, *, chunk_size=None)`` and ``attend_backward(dout, q, k,
+  v, beta, *, ...) -> (dq, dk, dv, dbeta)`` on unit features, always causal, and ``step(q, k,
+  v, beta, S) -> (out, S)``; methods recurrent (the oracle) and chunked; with the options
+  ``initial_state=`` (an array S (..., F, M); the backward then also returns dS0) and
+  ``return_state=True``.
 
 Each module declares what it supports, and ``kernel`` reads nothing else about it:
 
@@ -66,7 +71,8 @@ from . import _checks
 
 BACKENDS = ("auto", "numpy", "numba", "cupy")
 METHODS = {"linear": ("auto", "quadratic", "linear", "chunked", "recurrent"),
-           "step": ("auto",), "softmax": ("auto",), "lsh": ("auto",)}
+           "step": ("auto",), "softmax": ("auto",), "lsh": ("auto",),
+           "delta": ("auto", "recurrent", "chunked")}
 
 # (family, method, backend) -> the module that runs it, or the modules tried in order
 TABLE = {
@@ -93,6 +99,8 @@ TABLE = {
     ("softmax", "auto", "cupy"): ("linattn.cuda.softmax", "linattn.forms.softmax"),
     ("lsh", "auto", "numpy"): "linattn.forms.lsh",                   # sort, gather, scatter
     ("lsh", "auto", "numba"): "linattn.numba_cpu.lsh",
+    ("delta", "recurrent", "numpy"): "linattn.forms.delta",          # the oracle: the scan
+    ("delta", "chunked", "numpy"): "linattn.forms.delta_chunked",    # the WY form
 }
 
 # the (family, backend) pairs the table has, for the check that runs on every call
@@ -116,6 +124,7 @@ AUTO_METHOD = {
     ("linear", "numpy"): lambda causal, shape: "chunked" if causal else "linear",
     ("linear", "numba"): _numba_linear,
     ("linear", "cupy"): lambda causal, shape: "chunked" if causal else "linear",
+    ("delta", "numpy"): lambda causal, shape: "chunked",
 }
 
 
@@ -141,7 +150,7 @@ def kernel(family, method, backend, xp, causal=False, shape=None, needs=frozense
 
     Parameters
     ----------
-    family : {"linear", "step", "softmax", "lsh"}
+    family : {"linear", "step", "softmax", "lsh", "delta"}
     method : str
         One of ``METHODS[family]``; "auto" picks by ``AUTO_METHOD``.
     backend : {"auto", "numpy", "numba", "cupy"}
@@ -162,7 +171,8 @@ def kernel(family, method, backend, xp, causal=False, shape=None, needs=frozense
     _checks.check_choice("backend", backend, BACKENDS)
     if backend != "auto" and (family, backend) not in _BACKENDS_OF:
         others = sorted(b for f, b in _BACKENDS_OF if f == family)
-        raise ValueError(f"{family} attention has no {backend} kernel; use backend "
+        raise ValueError(f"{family} attention has no {backend} kernel (method {method!r}); "
+                         f"use backend "
                          f"{' or '.join(repr(b) for b in others)}")
     lacking = ()
     for name in _candidates(backend, xp):

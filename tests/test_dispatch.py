@@ -28,7 +28,8 @@ def test_every_table_entry_is_a_module_with_its_familys_functions():
                  "step": ("step", "step_into", "step_into_compensated",
                           "FUSED_FEATURE_MAPS"),
                  "softmax": ("attend", "attend_backward"),
-                 "lsh": ("attend", "attend_backward")}
+                 "lsh": ("attend", "attend_backward"),
+                 "delta": ("attend", "attend_backward", "step", "FUSED_FEATURE_MAPS")}
     for (family, method, backend), entry in dispatch.TABLE.items():
         assert method in dispatch.METHODS[family]
         for name in modules_of(entry):
