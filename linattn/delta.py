@@ -102,7 +102,8 @@ def delta_rule_attention(q, k, v, beta, *, feature_map="elu+1", normalize_keys=T
         The write strength of each position, in [0, 2] where finite (a model computes it as
         the sigmoid of a projection of the input, so in (0, 1)); beta_t = 1 replaces the
         value stored under k~_t by v_t, beta_t = 0 writes nothing. Outside [0, 2] the update
-        amplifies the memory along k~_t: a ValueError. NaN gives NaN out.
+        amplifies the memory along k~_t: a ValueError. A NaN gives NaN at its position and
+        after ("chunked": from the first position of its chunk).
     feature_map : {"elu+1", "relu", "taylor", "favor"}, object or None
         phi (``feature_maps``); None is the identity (F = D), DeltaNet's choice before its
         normalisation.
