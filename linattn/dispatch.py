@@ -101,6 +101,7 @@ TABLE = {
     ("lsh", "auto", "numba"): "linattn.numba_cpu.lsh",
     ("delta", "recurrent", "numpy"): "linattn.forms.delta",          # the oracle: the scan
     ("delta", "chunked", "numpy"): "linattn.forms.delta_chunked",    # the WY form
+    ("delta", "recurrent", "numba"): "linattn.numba_cpu.delta",      # the scan, compiled
 }
 
 # the (family, backend) pairs the table has, for the check that runs on every call

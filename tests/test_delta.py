@@ -246,7 +246,8 @@ def test_chunked_memory_stays_far_below_one_state_per_position():
     (dict(beta=-np.ones(6)), r"beta must lie in \[0, 2\]"),
     (dict(q=np.ones(3)), r"q, k, v need shape"),
     (dict(method="quadratic"), r"unknown method 'quadratic'"),
-    (dict(backend="numba"), r"delta attention has no numba kernel \(method 'auto'\)"),
+    (dict(backend="numba", method="chunked"), r"'chunked' has no numba kernel for delta"),
+    (dict(backend="numba"), r"method 'auto' has no numba kernel for delta"),
     (dict(backend="cupy", method="chunked"), r"no cupy kernel \(method 'chunked'\)"),
     (dict(initial_state=np.zeros((3, 3))), r"initial_state must have shape \(3, 2\)"),
     (dict(k=np.ones((5, 3))), r"same length Nk|one length N"),
@@ -265,7 +266,7 @@ def test_bad_state_and_step_input():
         delta_rule_attention(q, k, v, beta, initial_state=(np.zeros((3, 2)), np.zeros(3)))
     with pytest.raises(ValueError, match=r"beta_t must have shape \(\)"):
         delta_rule_step(q[0], k[0], v[0], beta[:2])
-    with pytest.raises(ValueError, match=r"no numba kernel \(method 'recurrent'\)"):
-        delta_rule_step(q[0], k[0], v[0], beta[0], backend="numba")
+    with pytest.raises(ValueError, match=r"no cupy kernel \(method 'recurrent'\)"):
+        delta_rule_step(q[0], k[0], v[0], beta[0], backend="cupy")
     with pytest.raises(ValueError, match=r"dstate must have shape"):
         delta_rule_attention_backward(v, q, k, v, beta, dstate=np.zeros((2, 3)))
