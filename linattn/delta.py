@@ -47,9 +47,9 @@ class _Features:
     """The feature map phi (None: the identity, F = D) followed, if ``unit``, by the L2
     normalisation: x -> phi(x) / ||phi(x)||, forward and vector-Jacobian product."""
 
-    def __init__(self, feature_map, unit):
+    def __init__(self, feature_map, unit, name):
         self.phi = None if feature_map is None else get_feature_map(feature_map)
-        self.unit = _checks.check_flag("normalize", unit)
+        self.unit = _checks.check_flag(name, unit)
 
     def forward(self, x):
         p = x if self.phi is None else self.phi.forward(x)
@@ -69,7 +69,8 @@ def _prepare(q, k, v, beta, dout, feature_map, normalize_keys, normalize_queries
     _checks.check_numpy_only("the delta rule", *arrays)
     q, k, v = arrays[:3]
     beta = _checks.check_beta(beta, q.shape[:-1], q.dtype)
-    fq, fk = _Features(feature_map, normalize_queries), _Features(feature_map, normalize_keys)
+    fq = _Features(feature_map, normalize_queries, "normalize_queries")
+    fk = _Features(feature_map, normalize_keys, "normalize_keys")
     x_q, x_k = fq.forward(q), fk.forward(k)
     state = _checks.check_memory(initial_state, (*q.shape[:-2], x_k.shape[-1], v.shape[-1]),
                                  q.dtype)
@@ -114,8 +115,10 @@ def delta_rule_attention(q, k, v, beta, *, feature_map="elu+1", normalize_keys=T
     method : {"auto", "recurrent", "chunked"}
         "recurrent" scans the step (the oracle); "chunked" solves blocks of ``chunk_size``
         positions by the WY representation. "auto" is "chunked".
-    backend : {"auto", "numpy"}
-        NumPy only; "numba" and "cupy" are a ValueError naming the method.
+    backend : {"auto", "numpy", "numba"}
+        "numba" runs "recurrent" as compiled loops (``numba_cpu.delta``, held to NumPy's
+        scan); it has no "chunked", and "auto" runs NumPy's chunked form. "cupy" and CuPy
+        arrays are an error: the family has no CUDA kernel.
     chunk_size : int or None
         Block length of "chunked" (default 32); for "recurrent", the positions between the
         states its backward stores (default about sqrt(N)).
@@ -203,8 +206,10 @@ def delta_rule_step(q_t, k_t, v_t, beta_t, state=None, *, feature_map="elu+1",
         One position of every sequence, and its write strength, in [0, 2].
     state : ndarray, shape (..., F, M), or None
         S_{t-1}; None starts from zero.
-    feature_map, normalize_keys, normalize_queries, backend
+    feature_map, normalize_keys, normalize_queries
         As for ``delta_rule_attention``.
+    backend : {"auto", "numpy", "numba"}
+        "auto" is "numba" when numba imports (one compiled call), else "numpy".
 
     Returns
     -------
@@ -216,8 +221,8 @@ def delta_rule_step(q_t, k_t, v_t, beta_t, state=None, *, feature_map="elu+1",
     (q_t, k_t, v_t), out_dtype = _checks.check_step(q_t, k_t, v_t)
     _checks.check_numpy_only("the delta rule", q_t, k_t, v_t)
     beta_t = _checks.check_beta(beta_t, q_t.shape[:-1], q_t.dtype, name="beta_t")
-    x_q = _Features(feature_map, normalize_queries).forward(q_t)
-    x_k = _Features(feature_map, normalize_keys).forward(k_t)
+    x_q = _Features(feature_map, normalize_queries, "normalize_queries").forward(q_t)
+    x_k = _Features(feature_map, normalize_keys, "normalize_keys").forward(k_t)
     shape = (*q_t.shape[:-1], x_k.shape[-1], v_t.shape[-1])
     S = _checks.check_memory(state, shape, q_t.dtype, name="state")
     S = np.zeros(shape, dtype=q_t.dtype) if S is None else S
