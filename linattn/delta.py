@@ -1,8 +1,8 @@
 """The delta rule, the public functions: a fast-weight memory that overwrites what it stores
 under a key instead of adding to it (Schlag, Irie and Schmidhuber 2021, "Linear Transformers
-Are Secretly Fast Weight Programmers", arXiv:2102.11174, section 4.2; DeltaNet, Yang et al.
+Are Secretly Fast Weight Programmers", arXiv:2102.11174; DeltaNet, Yang et al.
 2024, "Parallelizing Linear Transformers with the Delta Rule over Sequence Length",
-arXiv:2406.06484, Eq. 1-2).
+arXiv:2406.06484).
 
 Linear attention (arXiv:2006.16236, Eq. 18) adds phi(k_t) v_t^T to its memory at every
 position, so a key written twice returns the sum of its values. The delta rule first reads
@@ -85,7 +85,7 @@ def _prepare(q, k, v, beta, dout, feature_map, normalize_keys, normalize_queries
 def delta_rule_attention(q, k, v, beta, *, feature_map="elu+1", normalize_keys=True,
                          normalize_queries=True, method="auto", backend="auto",
                          chunk_size=None, initial_state=None, return_state=False):
-    """Causal attention by the delta rule (Schlag et al. 2021; Yang et al. 2024, Eq. 1-2).
+    """Causal attention by the delta rule (Schlag et al. 2021; Yang et al. 2024).
 
     S_t = S_{t-1} + beta_t k~_t (v_t - S_{t-1}^T k~_t)^T from S_0 (zero, or
     ``initial_state``), out_t = S_t^T q~_t, with k~_t = phi(k_t) / ||phi(k_t)|| and

@@ -1,9 +1,9 @@
 """The delta rule as a recurrence: ``method="recurrent"`` of ``linattn.delta_rule_attention``.
 
 The fast-weight memory S (F, M) of Schlag, Irie and Schmidhuber (2021), "Linear Transformers
-Are Secretly Fast Weight Programmers", arXiv:2102.11174, section 4.2, as DeltaNet writes it
+Are Secretly Fast Weight Programmers", arXiv:2102.11174, as DeltaNet writes it
 (Yang et al. 2024, "Parallelizing Linear Transformers with the Delta Rule over Sequence
-Length", arXiv:2406.06484, Eq. 1-2). With unit keys k_t (F), queries q_t (F), values v_t (M)
+Length", arXiv:2406.06484). With unit keys k_t (F), queries q_t (F), values v_t (M)
 and write strengths beta_t:
 
     u_t = v_t - S_{t-1}^T k_t                  what the memory gets wrong about v_t

@@ -1,6 +1,6 @@
 """The delta rule's recurrent scan as compiled loops: ``method="recurrent"``,
 ``backend="numba"`` of ``linattn.delta_rule_attention`` (Schlag et al. 2021; Yang et al.
-2024, Eq. 1-2). Oracle: ``forms.delta``, whose functions these mirror name for name.
+2024). Oracle: ``forms.delta``, whose functions these mirror name for name.
 
 Per position, with unit features q, k (F), value v (M), strength beta and memory S (F, M):
 u = v - S^T k, S += beta k u^T, out = S^T q; O(F M) per position, O(F M) memory per row.
