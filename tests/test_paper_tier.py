@@ -141,3 +141,15 @@ def test_tiny_tier_end_to_end(tmp_path, capsys):
     capsys.readouterr()
     assert paper.main(["--out", str(tmp_path), "--config", "tiny", "--only", "copy"]) == 0
     assert "[paper" not in capsys.readouterr().out   # every model done: none trained again
+
+
+def test_estimate_times_each_model_and_trains_nothing(tmp_path):
+    assert paper.main(["--out", str(tmp_path), "--config", "tiny", "--only", "copy,speech",
+                       "--estimate", "1"]) == 0
+    rows, meta = figures.read_csv(tmp_path / "paper_estimate.csv")
+    assert meta["tier"] == "paper" and meta["config"] == "tiny"
+    assert [(r["experiment"], r["model"]) for r in rows] == [
+        ("copy", a) for a in ("softmax", "linear", "lsh-1", "lsh-4")] + [
+        ("speech", m) for m in ("bilstm", "softmax", "lsh", "linear")]
+    assert all(r["s_per_step"] > 0 and r["hours"] > 0 for r in rows)
+    assert not (tmp_path / "paper_runs").exists()

@@ -5,7 +5,8 @@ paper's proportions, in hours rather than the figures tier's 40 minutes.
 (``make paper``) trains every model of ``paper_experiments`` (the copy task at 128
 positions, Table 1 on images, Table 3 on synthetic speech of about 800 frames) and writes
 the same figure and CSV names as ``python -m linattn.lab.figures``, the CSVs saying
-``# tier: paper``.
+``# tier: paper``. With ``--estimate K`` it trains nothing: it times K updates of each
+model and writes the hours they project to ``OUT/paper_estimate.csv``.
 
 Each experiment x model is a unit with its own folder, ``OUT/paper_runs/EXPERIMENT/MODEL``:
 training checkpoints there every so often (parameters, Adam state and step, so a resumed
@@ -23,7 +24,7 @@ import sys
 import tempfile
 
 from . import paper_experiments as experiments
-from .._cli_types import Parser, out_dir
+from .._cli_types import Parser, out_dir, positive_int
 
 EXPERIMENTS = ("copy", "images", "speech")
 
@@ -34,19 +35,19 @@ CONFIGS = {
         # Figure 2: 128 positions (strings of up to 63 symbols), LSH in chunks of 32
         "copy": dict(attentions=("softmax", "linear", "lsh-1", "lsh-4"), length=63,
                      d_model=64, n_layers=2, n_heads=4, d_mlp=256, lsh_chunk_size=32,
-                     steps=3000, batch_size=32, eval_every=100, checkpoint_every=100),
+                     steps=2000, batch_size=32, eval_every=100, checkpoint_every=100),
         # Table 1: the digits at 16x16 (256 positions), the four attentions
         "images": dict(attentions=("softmax", "lsh-1", "lsh-4", "linear"), side=16,
                        d_model=64, n_layers=4, n_heads=4, d_mlp=256, lsh_chunk_size=32,
-                       steps=4000, batch_size=16, eval_every=500, checkpoint_every=200,
+                       steps=2000, batch_size=16, eval_every=250, checkpoint_every=100,
                        gen_batch=16, gen_rounds=3, gen_budget_s=120.0, threads=2),
-        # Table 3: utterances of 80-130 phonemes (about 800 frames), fresh every epoch
+        # Table 3: utterances of 80-135 phonemes (about 800 frames), fresh every epoch
         "speech": dict(models=("bilstm", "softmax", "lsh", "linear"),
-                       task=dict(min_phonemes=80, max_phonemes=130, n_train=512,
+                       task=dict(min_phonemes=80, max_phonemes=135, n_train=512,
                                  n_valid=64, n_test=100),
                        sizes=dict(d_model=64, n_layers=2, n_heads=4, d_mlp=256, hidden=64,
                                   lstm_layers=2),
-                       epochs=12, batch_size=16, checkpoint_every=8),
+                       epochs=24, batch_size=16, checkpoint_every=8),
     },
     "tiny": {
         "copy": dict(attentions=("softmax", "linear", "lsh-1", "lsh-4"), length=7,
@@ -167,6 +168,24 @@ def run_paper(out, config="full", only=EXPERIMENTS, progress=True, echo=print):
     return paths
 
 
+ESTIMATE_COLUMNS = ("experiment", "model", "steps", "s_per_step", "hours")
+
+
+def estimate(units, k=3, echo=print):
+    """Time ``k`` updates of every unit (``Unit.step_seconds``) and scale them to its
+    ``steps``: rows of ``ESTIMATE_COLUMNS``, an estimate of training time only (evaluations,
+    validation and generation come on top)."""
+    rows = []
+    for unit in units:
+        s = unit.step_seconds(k)
+        rows.append({"experiment": unit.experiment, "model": unit.model, "steps": unit.steps,
+                     "s_per_step": s, "hours": s * unit.steps / 3600})
+        echo(f"{unit.experiment:<8} {unit.model:<8} {unit.steps:>7} updates x {s:8.3f} s = "
+             f"{rows[-1]['hours']:6.2f} h (estimated from {k} updates)")
+    echo(f"all: {sum(r['hours'] for r in rows):.2f} h of training (estimated)")
+    return rows
+
+
 def _experiments(text):
     names = tuple(name.strip() for name in text.split(",") if name.strip())
     unknown = [name for name in names if name not in EXPERIMENTS]
@@ -190,7 +209,23 @@ def main(argv=None):
                         help="sizes: full (default, hours) or tiny (seconds, for tests)")
     parser.add_argument("--only", type=_experiments, default=EXPERIMENTS,
                         help=f"comma-separated experiments (default: {','.join(EXPERIMENTS)})")
+    parser.add_argument("--estimate", type=positive_int, metavar="K", default=None,
+                        help="train nothing: time K updates of each model and estimate the "
+                             "hours of training; writes OUT/paper_estimate.csv")
     args = parser.parse_args(argv)
+    if args.estimate:
+        from .figures import machine, write_csv
+        from .bench.timing import machine as bench_machine
+        from .measure import machine_caption
+        sizes = CONFIGS[args.config]
+        units = [u for e in EXPERIMENTS if e in args.only for u in UNITS[e](sizes[e])]
+        rows = estimate(units, args.estimate)
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_csv(args.out / "paper_estimate.csv", rows, ESTIMATE_COLUMNS,
+                  {"figure": "paper_estimate", **machine(), "config": args.config,
+                   "caption": f"estimated on {machine_caption(bench_machine())} from "
+                              f"{args.estimate} timed updates a model"}, tier="paper")
+        return 0
     for path in run_paper(args.out, args.config, args.only):
         print(f"wrote {path}")
     return 0

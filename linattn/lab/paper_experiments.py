@@ -19,6 +19,7 @@ the units' results and logs into the figure and CSV of the figures tier of the s
 import csv
 import math
 import os
+import timeit
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -26,7 +27,9 @@ import numpy as np
 from . import measure
 from ..model.checkpoint import load_checkpoint
 from ..model.config import ModelConfig
-from ..model.train import DEFAULT_ADAM, TrainConfig, copy_setup, evaluate, run
+from ..model.optim import adam_init
+from ..model.train import DEFAULT_ADAM, TrainConfig, copy_setup, evaluate, run, train_step
+from ..model.transformer import init_params
 
 # the fastest generation form of each attention (``model.generate``'s methods)
 BEST_FORM = {"linear": "recurrent", "softmax": "cache", "lsh": "recompute"}
@@ -34,13 +37,34 @@ BEST_FORM = {"linear": "recurrent", "softmax": "cache", "lsh": "recompute"}
 
 class Unit(NamedTuple):
     """One model of one experiment: ``train(run_dir, resume)`` trains it to the end (its
-    ``steps`` updates), ``results(run_dir)`` measures what the tables show."""
+    ``steps`` updates), ``results(run_dir)`` measures what the tables show, and
+    ``step_seconds(k)`` is the mean seconds of one update over k timed on fresh
+    parameters after one untimed (which compiles), for estimates before training."""
 
     experiment: str
     model: str
     steps: int
     train: Callable
     results: Callable
+    step_seconds: Callable
+
+
+def _timed_updates(update, k):
+    """Mean seconds of ``update()`` over k calls (``timeit``) after one untimed."""
+    update()
+    return float(np.mean(timeit.repeat(update, number=1, repeat=k)))
+
+
+def _decoder_step_seconds(cfg, task, train_cfg):
+    """``Unit.step_seconds`` of a decoder trained by ``model.train.run``."""
+    def step_seconds(k):
+        state = [init_params(cfg, train_cfg.seed)]
+        state.append(adam_init(state[0]))
+
+        def update():
+            state[:2] = train_step(*state[:2], cfg, DEFAULT_ADAM, task, train_cfg)[:2]
+        return _timed_updates(update, k)
+    return step_seconds
 
 
 def _attention(name):
@@ -76,7 +100,8 @@ def copy_units(size, progress=False):
             last = [r for r in log if r["eval_loss"] is not None][-1]
             return {"eval_loss": last["eval_loss"], "eval_acc": last["eval_acc"],
                     "n_positions": cfg.max_len + 1, "train_s": log[-1]["elapsed_s"]}
-        units.append(Unit("copy", attention, train_cfg.steps, train, results))
+        units.append(Unit("copy", attention, train_cfg.steps, train, results,
+                          _decoder_step_seconds(cfg, task, train_cfg)))
     return units
 
 
@@ -128,7 +153,8 @@ def image_units(size, progress=False):
                     "images_per_s": size["gen_batch"] / seconds, "measured": measured,
                     "batch": size["gen_batch"], "n_test": len(task.test),
                     "n_params": int(sum(a.size for a in params.values()))}
-        units.append(Unit("images", name, train_cfg.steps, train, results))
+        units.append(Unit("images", name, train_cfg.steps, train, results,
+                          _decoder_step_seconds(cfg, task, train_cfg)))
     return units
 
 
@@ -179,6 +205,9 @@ def speech_units(size, progress=False):
     """Table 3's units: the models of ``size["models"]`` on ``speech_task(size)``, trained
     for ``size["epochs"]`` epochs of fresh utterances; results: test PER, parameters and
     the median seconds of an epoch's updates (every model sees the same batches)."""
+    from ..model.paths import adam_update
+    from ..model.speech import models
+    from ..model.speech.task import pad_batch
     from ..model.speech.train import (DEFAULT_SPEECH_ADAM, SpeechTrainConfig, evaluate_per,
                                       read_speech_log, run_speech, speech_setup)
     task = speech_task(size)
@@ -207,7 +236,23 @@ def speech_units(size, progress=False):
             return {"test_per": evaluate_per(params, cfg, split("test")),
                     "n_params": int(sum(a.size for a in params.values())),
                     "epochs": train_cfg.epochs, "s_per_epoch": float(np.median(epoch_s))}
-        units.append(Unit("speech", model, train_cfg.epochs * n_batches, train, results))
+        def step_seconds(k, cfg=cfg):
+            # k batches of the training split spread over its lengths, as an epoch's are
+            train = split("train")
+            order = np.argsort([len(u.features) for u in train], kind="stable")
+            last = max(len(train) - train_cfg.batch_size, 0)
+            starts = np.linspace(0, last, k).astype(int)
+            batches = [pad_batch([train[i] for i in order[s:s + train_cfg.batch_size]])
+                       for s in (last // 2, *starts)]          # a median one first, untimed
+            state = [models.init_params(cfg, train_cfg.seed)]
+            state.append(adam_init(state[0]))
+
+            def update():
+                _, grads = models.loss_and_grads(state[0], cfg, batches.pop(0))
+                state[:2] = adam_update(state[0], grads, state[1], DEFAULT_SPEECH_ADAM)[:2]
+            return _timed_updates(update, k)
+        units.append(Unit("speech", model, train_cfg.epochs * n_batches, train, results,
+                          step_seconds))
     return units
 
 
