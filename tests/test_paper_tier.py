@@ -136,6 +136,7 @@ def test_tiny_tier_end_to_end(tmp_path, capsys):
     assert [r["name"] for r in rows] == ["softmax", "lsh-1", "lsh-4", "linear"]
     assert all(r["bits_per_dim"] > 0 and r["images_per_s"] > 0 for r in rows)
     assert [r["form"] for r in rows] == ["cache", "recompute", "recompute", "recurrent"]
+    assert "make paper" in (tmp_path / "performance.md").read_text()
     done = json.loads((tmp_path / "paper_runs/speech/lsh/done.json").read_text())
     assert done["results"]["epochs"] == 2 and 0 <= done["results"]["test_per"]
     capsys.readouterr()

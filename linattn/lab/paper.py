@@ -228,6 +228,8 @@ def main(argv=None):
         return 0
     for path in run_paper(args.out, args.config, args.only):
         print(f"wrote {path}")
+    from .performance_page import page_path, write_page      # the dated page of these files
+    print(f"performance page -> {write_page(args.out, page_path(args.out))}")
     return 0
 
 
