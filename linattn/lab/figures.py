@@ -5,7 +5,9 @@ regenerates ``figures/`` from fresh measurements (``linattn.lab.measure`` comput
 the notebooks call the same functions on their own small measurements, so no figure is drawn
 two ways. Each figure function takes a list of rows (dicts) and a path, and writes
 ``path.png`` and ``path.csv``; the CSV opens with ``# key: value`` lines naming the figure,
-the machine and the date, and ``read_csv`` reads it back. Row schemas (every row also has
+the machine, the date and the tier (``figures``: this module's sizes; ``paper``: the same
+names at the paper's proportions, from ``linattn.lab.paper``), and ``read_csv`` reads it
+back. Row schemas (every row also has
 ``name``, the curve):
 
 ========================  ==========================================================

@@ -125,7 +125,7 @@ def image_units(size, progress=False):
     ``size["side"]`` x ``size["side"]`` pixels; results: bits/dim on the test split and
     images/s generating ``size["gen_batch"]`` images at once."""
     from ..model.tasks import load_digits
-    from .speed import _threads, form_seconds
+    from .speed import form_seconds, thread_limit
 
     task = load_digits(side=size["side"])
     train_cfg = _train_cfg(size)
@@ -145,7 +145,7 @@ def image_units(size, progress=False):
             params = load_checkpoint(os.path.join(run_dir, "checkpoint.npz"), expect=cfg).params
             loss, _ = evaluate(params, cfg, task.test_batches(train_cfg.batch_size))
             method = BEST_FORM[cfg.attention]
-            with _threads(size["threads"]):
+            with thread_limit(size["threads"]):
                 seconds, measured = form_seconds(params, cfg, method, size["gen_batch"],
                                                  task.seq_len, size["gen_rounds"],
                                                  size["gen_budget_s"])

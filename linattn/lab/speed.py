@@ -81,7 +81,7 @@ def estimate_seconds(token_seconds, n, growth, probe_limit=PROBE_LIMIT, points=6
 
 
 @contextlib.contextmanager
-def _threads(n):
+def thread_limit(n):
     """NumPy's BLAS and Numba on ``n`` threads, restored afterwards; yields a line naming
     what was set (the BLAS is left alone without threadpoolctl, and the line says so)."""
     import numba
@@ -196,7 +196,7 @@ def speed_table(batches=(1, 16), rounds=3, peer_python=None, budget_s=60.0, shap
     from .measure import machine_caption
     shape = {**MNIST, **(shape or {})}
     rows = []
-    with _threads(threads) as threads_note:
+    with thread_limit(threads) as threads_note:
         where = machine_caption(machine())
         for attention, method in FORMS:
             cfg = ModelConfig(max_len=n, attention=attention, **shape)
