@@ -1,14 +1,13 @@
 """The figures: measurement rows -> a PNG and a CSV of the raw numbers beside it.
 
 ``python -m linattn.lab.figures [--quick] [--out DIR]`` (or ``python -m linattn figures``)
-regenerates ``figures/`` from fresh measurements (``linattn.lab.measure`` computes the rows);
-the notebooks call the same functions on their own small measurements, so no figure is drawn
-two ways. Each figure function takes a list of rows (dicts) and a path, and writes
-``path.png`` and ``path.csv``; the CSV opens with ``# key: value`` lines naming the figure,
-the machine, the date and the tier (``figures``: this module's sizes; ``paper``: the same
-names at the paper's proportions, from ``linattn.lab.paper``), and ``read_csv`` reads it
-back. Row schemas (every row also has
-``name``, the curve):
+regenerates ``figures/`` from fresh measurements (``linattn.lab.measure`` computes the
+rows); the notebooks call the same functions on their own small measurements, so no figure
+is drawn two ways. Each figure function takes a list of rows (dicts) and a path, and writes
+``path.png`` and ``path.csv`` (``figure_csv``); the CSV opens with ``# key: value`` lines
+naming the figure, the machine, the date and the tier (``figures``: this module's sizes;
+``paper``: the same names at the paper's proportions, from ``linattn.lab.paper``), and
+``read_csv`` reads it back. Row schemas (every row also has ``name``, the curve):
 
 ========================  ==========================================================
 ``feature_map_error``     n_features, seed, scale, kernel_error, output_error
@@ -29,12 +28,8 @@ matter least. Rows with a ``library`` other than linattn (the peers) are drawn d
 legends sit below the axes, and a caption names the machine. matplotlib is imported inside
 the functions (it is an extra) and draws with Agg.
 """
-import csv
-import datetime
 import math
-import os
 import pathlib
-import platform
 import sys
 import tempfile
 import textwrap
@@ -43,6 +38,8 @@ import time
 import numpy as np
 
 from . import measure
+# the CSV beside each PNG; read_csv and TIERS are re-exported for the notebooks and the tests
+from .figure_csv import TIERS, machine, read_csv, write_csv  # noqa: F401
 from .._cli_types import Parser, executable, out_dir
 
 FEATURE_MAP_COLUMNS = ("name", "n_features", "seed", "scale", "kernel_error", "output_error")
@@ -64,76 +61,6 @@ LABELS = {"seconds_fwd": "forward", "seconds_fwdbwd": "forward + backward",
           "eval_loss": "held-out batches", "valid_per": "validation phoneme error rate",
           "epoch_s": "training seconds per epoch", "images_per_s": "images per second",
           "seconds_per_image": "seconds per image"}
-
-
-# ---- CSV: the raw numbers beside each PNG ---------------------------------------------------
-
-def machine():
-    """The machine and date a measurement ran on, as a dict of short strings."""
-    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": f"{platform.platform()}, {platform.machine()}, {os.cpu_count()} CPUs",
-            "python": platform.python_version(), "numpy": np.__version__}
-
-
-TIERS = ("figures", "paper")
-
-
-def write_csv(path, rows, columns, meta, tier="figures"):
-    """Write ``rows`` to ``path``: ``# key: value`` lines for ``meta`` and ``# tier: TIER``,
-    then a CSV table. ``tier`` names the command that measured the rows: "figures" (``make
-    figures``, the sizes two cores draw in about 40 minutes) or "paper" (``make paper``,
-    ``linattn.lab.paper``: the paper's sizes, hours); both write the same file names.
-
-    Columns are ``columns`` then any other keys the rows carry. Floats are written with
-    ``repr``, so they read back exactly; None is an empty field.
-    """
-    if tier not in TIERS:
-        raise ValueError(f"tier must be one of {', '.join(TIERS)}, got {tier!r}")
-    meta = {**meta, "tier": tier}
-    extra = [key for row in rows for key in row if key not in columns]
-    fields = list(columns) + list(dict.fromkeys(extra))
-    with open(path, "w", newline="") as f:
-        for key, value in meta.items():
-            flat = " ".join(str(value).split("\n"))           # one line a key
-            f.write(f"# {key}: {flat}\n")
-        writer = csv.writer(f)
-        writer.writerow(fields)
-        for row in rows:
-            writer.writerow([_field(row.get(k)) for k in fields])
-
-
-def _field(value):
-    """None -> "", floats (NumPy's too) by repr so they read back exactly, else str."""
-    if value is None:
-        return ""
-    if isinstance(value, (float, np.floating)):
-        return repr(float(value))
-    return str(value)
-
-
-def _parse(field):
-    if field == "":
-        return None
-    for kind in (int, float):
-        try:
-            return kind(field)
-        except ValueError:
-            pass
-    return field
-
-
-def read_csv(path):
-    """The rows a figure function wrote, as dicts of int, float, str or None, and its meta."""
-    meta, lines = {}, []
-    with open(path, newline="") as f:
-        for line in f:
-            if line.startswith("# "):
-                key, _, value = line[2:].rstrip("\n").partition(": ")
-                meta[key] = value
-            else:
-                lines.append(line)
-    rows = [{k: _parse(v) for k, v in row.items()} for row in csv.DictReader(lines)]
-    return rows, meta
 
 
 # ---- drawing ---------------------------------------------------------------------------------
