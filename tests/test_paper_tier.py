@@ -154,3 +154,9 @@ def test_estimate_times_each_model_and_trains_nothing(tmp_path):
         ("speech", m) for m in ("bilstm", "softmax", "lsh", "linear")]
     assert all(r["s_per_step"] > 0 and r["hours"] > 0 for r in rows)
     assert not (tmp_path / "paper_runs").exists()
+
+
+def test_only_names_known_experiments(capsys):
+    with pytest.raises(SystemExit):
+        paper.main(["--config", "tiny", "--only", "copy,mnist"])
+    assert "copy,mnist" in capsys.readouterr().err
