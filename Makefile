@@ -3,6 +3,11 @@
 #                  re-executes the notebooks in place; PEER_PYTHON=/path/to/python (an
 #                  interpreter with torch and pytorch-fast-transformers) draws the peers too
 #   make test      the test suite (the 15 slowest tests listed at the end)
+#   make paper     optional, hours: the paper's experiments at the paper's proportions
+#                  (copy task at 128 positions, Table 1 on images, Table 3 on speech of
+#                  about 800 frames) into the same figure and CSV names, the CSVs saying
+#                  "# tier: paper"; resumable: rerun it after a stop and it skips the
+#                  finished models (runs in figures/paper_runs)
 #   make lint      ruff over the package, the tests and the notebooks' Python files
 #   make student   student/: the notebooks with the exercises unanswered, and their checks
 PYTHON ?= python3
@@ -10,7 +15,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PEER_PYTHON ?=
 
-.PHONY: figures notebooks test lint student
+.PHONY: figures paper notebooks test lint student
 
 $(VENV)/installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +25,9 @@ $(VENV)/installed: pyproject.toml
 
 figures: $(VENV)/installed notebooks
 	$(PY) -m linattn.lab.figures $(if $(PEER_PYTHON),--peer-python $(PEER_PYTHON))
+
+paper: $(VENV)/installed
+	$(PY) -m linattn.lab.paper
 
 notebooks: $(VENV)/installed
 	$(PY) -m jupyter nbconvert --to notebook --execute --inplace notebooks/*.ipynb

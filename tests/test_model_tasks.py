@@ -4,7 +4,7 @@ import sys
 import numpy as np
 import pytest
 
-from linattn.model.tasks import CopyTask, batch_rng, load_digits
+from linattn.model.tasks import CopyTask, batch_rng, load_digits, upsample
 
 
 @pytest.mark.parametrize("variable", [True, False])
@@ -63,3 +63,24 @@ def test_digits_without_sklearn_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
     with pytest.raises(ImportError, match=r"linattn\[digits\]"):
         load_digits()
+
+
+def test_upsample_keeps_levels_and_constant_images():
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 17, (3, 8, 8))
+    np.testing.assert_array_equal(upsample(images, 8), images)      # same size: unchanged
+    big = upsample(images, 16)
+    assert big.shape == (3, 16, 16) and big.min() >= 0 and big.max() <= 16
+    np.testing.assert_array_equal(upsample(np.full((1, 8, 8), 5), 16), np.full((1, 16, 16), 5))
+    # a ramp stays a ramp: between its neighbours' levels, rising along the rows
+    ramp = upsample(np.tile(2 * np.arange(8), (1, 8, 1)), 16)[0, 0]
+    assert np.all(np.diff(ramp) >= 0) and ramp[0] == 0 and ramp[-1] == 14
+
+
+def test_digits_at_16x16():
+    pytest.importorskip("sklearn")
+    task = load_digits(side=16)
+    assert task.train.shape == (1500, 256) and task.test.shape == (297, 256)
+    assert task.seq_len == 256 and task.train.min() >= 0 and task.train.max() <= 16
+    ids, targets, _ = task.batch(batch_rng(0, 0), 4)
+    assert ids.shape == targets.shape == (4, 256) and np.all(ids[:, 0] == task.start)

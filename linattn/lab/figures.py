@@ -1,12 +1,13 @@
 """The figures: measurement rows -> a PNG and a CSV of the raw numbers beside it.
 
 ``python -m linattn.lab.figures [--quick] [--out DIR]`` (or ``python -m linattn figures``)
-regenerates ``figures/`` from fresh measurements (``linattn.lab.measure`` computes the rows);
-the notebooks call the same functions on their own small measurements, so no figure is drawn
-two ways. Each figure function takes a list of rows (dicts) and a path, and writes
-``path.png`` and ``path.csv``; the CSV opens with ``# key: value`` lines naming the figure,
-the machine and the date, and ``read_csv`` reads it back. Row schemas (every row also has
-``name``, the curve):
+regenerates ``figures/`` from fresh measurements (``linattn.lab.measure`` computes the
+rows); the notebooks call the same functions on their own small measurements, so no figure
+is drawn two ways. Each figure function takes a list of rows (dicts) and a path, and writes
+``path.png`` and ``path.csv`` (``figure_csv``); the CSV opens with ``# key: value`` lines
+naming the figure, the machine, the date and the tier (``figures``: this module's sizes;
+``paper``: the same names at the paper's proportions, from ``linattn.lab.paper``), and
+``read_csv`` reads it back. Row schemas (every row also has ``name``, the curve):
 
 ========================  ==========================================================
 ``feature_map_error``     n_features, seed, scale, kernel_error, output_error
@@ -27,12 +28,8 @@ matter least. Rows with a ``library`` other than linattn (the peers) are drawn d
 legends sit below the axes, and a caption names the machine. matplotlib is imported inside
 the functions (it is an extra) and draws with Agg.
 """
-import csv
-import datetime
 import math
-import os
 import pathlib
-import platform
 import sys
 import tempfile
 import textwrap
@@ -41,6 +38,8 @@ import time
 import numpy as np
 
 from . import measure
+# the CSV beside each PNG; read_csv and TIERS are re-exported for the notebooks and the tests
+from .figure_csv import TIERS, machine, read_csv, write_csv  # noqa: F401
 from .._cli_types import Parser, executable, out_dir
 
 FEATURE_MAP_COLUMNS = ("name", "n_features", "seed", "scale", "kernel_error", "output_error")
@@ -62,67 +61,6 @@ LABELS = {"seconds_fwd": "forward", "seconds_fwdbwd": "forward + backward",
           "eval_loss": "held-out batches", "valid_per": "validation phoneme error rate",
           "epoch_s": "training seconds per epoch", "images_per_s": "images per second",
           "seconds_per_image": "seconds per image"}
-
-
-# ---- CSV: the raw numbers beside each PNG ---------------------------------------------------
-
-def machine():
-    """The machine and date a measurement ran on, as a dict of short strings."""
-    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": f"{platform.platform()}, {platform.machine()}, {os.cpu_count()} CPUs",
-            "python": platform.python_version(), "numpy": np.__version__}
-
-
-def write_csv(path, rows, columns, meta):
-    """Write ``rows`` to ``path``: ``# key: value`` lines for ``meta``, then a CSV table.
-
-    Columns are ``columns`` then any other keys the rows carry. Floats are written with
-    ``repr``, so they read back exactly; None is an empty field.
-    """
-    extra = [key for row in rows for key in row if key not in columns]
-    fields = list(columns) + list(dict.fromkeys(extra))
-    with open(path, "w", newline="") as f:
-        for key, value in meta.items():
-            flat = " ".join(str(value).split("\n"))           # one line a key
-            f.write(f"# {key}: {flat}\n")
-        writer = csv.writer(f)
-        writer.writerow(fields)
-        for row in rows:
-            writer.writerow([_field(row.get(k)) for k in fields])
-
-
-def _field(value):
-    """None -> "", floats (NumPy's too) by repr so they read back exactly, else str."""
-    if value is None:
-        return ""
-    if isinstance(value, (float, np.floating)):
-        return repr(float(value))
-    return str(value)
-
-
-def _parse(field):
-    if field == "":
-        return None
-    for kind in (int, float):
-        try:
-            return kind(field)
-        except ValueError:
-            pass
-    return field
-
-
-def read_csv(path):
-    """The rows a figure function wrote, as dicts of int, float, str or None, and its meta."""
-    meta, lines = {}, []
-    with open(path, newline="") as f:
-        for line in f:
-            if line.startswith("# "):
-                key, _, value = line[2:].rstrip("\n").partition(": ")
-                meta[key] = value
-            else:
-                lines.append(line)
-    rows = [{k: _parse(v) for k, v in row.items()} for row in csv.DictReader(lines)]
-    return rows, meta
 
 
 # ---- drawing ---------------------------------------------------------------------------------
@@ -217,7 +155,7 @@ def _draw(ax, series, names, loglog, scale=1.0, dashed=()):
 
 
 def _figure(rows, path, x, columns, schema, xlabel, ylabel, title, scale=1.0, loglog=True,
-            caption=None):
+            caption=None, tier="figures"):
     """Draw one panel per column that has data (log-log, or log y over linear x if not
     ``loglog``), rows whose ``library`` is not linattn dashed, ``caption`` (the machine) under
     the panels; write path.png and path.csv."""
@@ -241,12 +179,12 @@ def _figure(rows, path, x, columns, schema, xlabel, ylabel, title, scale=1.0, lo
         ax.set_title(title)                 # one panel: the title replaces the column's name
     elif title:
         fig.suptitle(title)
-    return _save(fig, rows, path, schema, caption)
+    return _save(fig, rows, path, schema, caption, tier)
 
 
-def _save(fig, rows, path, schema, caption):
+def _save(fig, rows, path, schema, caption, tier="figures"):
     """Put ``caption`` (the machine) under the panels, wrapped to the figure's width, and
-    write path.png and path.csv (the rows, the caption in its header)."""
+    write path.png and path.csv (the rows, the caption and ``tier`` in its header)."""
     if caption:                           # wrapped to the figure's width, about 17 chars an inch
         width = int(17 * fig.get_figwidth())
         fig.supxlabel("\n".join(textwrap.fill(line, width) for line in caption.split("\n")),
@@ -258,11 +196,12 @@ def _save(fig, rows, path, schema, caption):
     meta = {"figure": path.stem, **machine()}
     if caption:
         meta["caption"] = caption
-    write_csv(table, rows, schema, meta)
+    write_csv(table, rows, schema, meta, tier)
     return png, table
 
 
-def time_vs_n(rows, path, title=None, caption=None, ylabel="seconds per call"):
+def time_vs_n(rows, path, title=None, caption=None, ylabel="seconds per call",
+              tier="figures"):
     """Time against sequence length N, log-log: one panel for the forward pass and one for
     forward + backward (when the rows have it). Rows: TIME_COLUMNS (and ``library``: rows of
     another library than linattn are drawn dashed). ``caption`` names the machine.
@@ -270,35 +209,38 @@ def time_vs_n(rows, path, title=None, caption=None, ylabel="seconds per call"):
     Returns the paths of the PNG and CSV written.
     """
     return _figure(rows, path, "n", ("seconds_fwd", "seconds_fwdbwd"), TIME_COLUMNS,
-                   "sequence length N", ylabel, title, caption=caption)
+                   "sequence length N", ylabel, title, caption=caption, tier=tier)
 
 
-def memory_vs_n(rows, path, title=None, caption=None, ylabel="peak memory (MiB)"):
+def memory_vs_n(rows, path, title=None, caption=None, ylabel="peak memory (MiB)",
+                tier="figures"):
     """Peak memory against sequence length N, log-log, in MiB. Rows: MEMORY_COLUMNS (and
     ``library``, as for ``time_vs_n``)."""
     return _figure(rows, path, "n", ("peak_bytes",), MEMORY_COLUMNS, "sequence length N",
-                   ylabel, title, scale=2.0 ** -20, caption=caption)
+                   ylabel, title, scale=2.0 ** -20, caption=caption, tier=tier)
 
 
-def time_per_token(rows, path, title=None, caption=None, ylabel="seconds per token"):
+def time_per_token(rows, path, title=None, caption=None, ylabel="seconds per token",
+                   tier="figures"):
     """Seconds to generate one token against its position (the context length, from 1),
     log-log: an RNN state costs the same at every position, a key/value cache grows.
     Rows: TOKEN_COLUMNS; ``ylabel`` says which seconds they are (wall clock, CPU)."""
     return _figure(rows, path, "position", ("seconds_per_token",), TOKEN_COLUMNS,
-                   "position (tokens in the context)", ylabel, title, caption=caption)
+                   "position (tokens in the context)", ylabel, title, caption=caption,
+                   tier=tier)
 
 
-def feature_map_error(rows, path, title=None, caption=None):
+def feature_map_error(rows, path, title=None, caption=None, tier="figures"):
     """Relative error of feature maps against softmax, against the number of features F:
     of the kernel matrix phi(Q) phi(K)^T versus exp(Q K^T / sqrt(D)) (Eq. 4), and of the
     attention output versus softmax attention (Eq. 2). Rows: FEATURE_MAP_COLUMNS; repeats
     over seeds give the band."""
     return _figure(rows, path, "n_features", ("kernel_error", "output_error"),
                    FEATURE_MAP_COLUMNS, "number of features F", "relative error", title,
-                   caption=caption)
+                   caption=caption, tier=tier)
 
 
-def copy_task_loss(rows, path, title=None, caption=None):
+def copy_task_loss(rows, path, title=None, caption=None, tier="figures"):
     """Cross-entropy against training step on the copy task, log y over linear x, as in
     figure 2 of the paper: one panel for the training batches' loss (``train_loss``, the
     loss of step s's batch before its update) and one for the held-out loss (``eval_loss``,
@@ -306,19 +248,19 @@ def copy_task_loss(rows, path, title=None, caption=None):
     ``linattn.lab.measure.copy_task_rows``."""
     return _figure(rows, path, "step", ("train_loss", "eval_loss"), COPY_COLUMNS,
                    "training step", "cross-entropy (nats per copied symbol)", title,
-                   loglog=False, caption=caption)
+                   loglog=False, caption=caption, tier=tier)
 
 
-def speech_per(rows, path, title=None, caption=None):
+def speech_per(rows, path, title=None, caption=None, tier="figures"):
     """Validation phoneme error rate against epoch, log y over linear x, one line per model,
     and the seconds each epoch took (the speech experiment, table 3 of the paper, on the
     SYNTHETIC task of ``linattn.model.speech.task``). Rows: SPEECH_COLUMNS, from
     ``linattn.lab.measure.speech_rows``."""
     return _figure(rows, path, "epoch", ("valid_per", "epoch_s"), SPEECH_COLUMNS, "epoch",
-                   "", title, loglog=False, caption=caption)
+                   "", title, loglog=False, caption=caption, tier=tier)
 
 
-def generation_speed(rows, path, title=None, caption=None):
+def generation_speed(rows, path, title=None, caption=None, tier="figures"):
     """Images per second and seconds per image of each generation form, one group of bars
     per batch size, log y: the measured form of Tables 1, 4 and 5 of the paper. Rows:
     GENERATION_COLUMNS, from ``linattn.lab.speed.speed_table``; rows whose ``library`` is
@@ -358,7 +300,7 @@ def generation_speed(rows, path, title=None, caption=None):
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False)
     if title:
         fig.suptitle(title)
-    return _save(fig, rows, path, GENERATION_COLUMNS, caption)
+    return _save(fig, rows, path, GENERATION_COLUMNS, caption, tier)
 
 
 # ---- the figures of ``python -m linattn.lab.figures`` -----------------------------------------

@@ -113,14 +113,20 @@ def copy_task_rows(out_dir, steps=1000, batch_size=32, eval_every=50, seed=0, le
                             eval_every=eval_every, checkpoint_every=steps)
     copy_task_curves(os.fspath(out_dir), attentions, train_cfg, adam, reuse=False,
                      keep_freed_memory=True, length=length, **setup)
+    return [row for attention in attentions
+            for row in read_log_rows(attention, os.path.join(out_dir, attention, "log.csv"))]
+
+
+def read_log_rows(name, path):
+    """The rows of ``copy_task_rows`` for one training log (``model.train.run``'s log.csv):
+    name, step, train_loss, eval_loss, eval_acc and elapsed_s, None where not evaluated."""
+    log = read_log(path)
     rows = []
-    for attention in attentions:
-        log = read_log(os.path.join(out_dir, attention, "log.csv"))
-        for i, step in enumerate(log["step"]):
-            row = {"name": attention, "step": int(step)}
-            for key in ("train_loss", "eval_loss", "eval_acc", "elapsed_s"):
-                row[key] = None if np.isnan(log[key][i]) else float(log[key][i])
-            rows.append(row)
+    for i, step in enumerate(log["step"]):
+        row = {"name": name, "step": int(step)}
+        for key in ("train_loss", "eval_loss", "eval_acc", "elapsed_s"):
+            row[key] = None if np.isnan(log[key][i]) else float(log[key][i])
+        rows.append(row)
     return rows
 
 

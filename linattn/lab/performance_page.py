@@ -46,10 +46,10 @@ def write_page(figures_dir="figures", out="docs/performance.md"):
     bench = _json(figures_dir / "data" / "bench.json")
     sections = [_header(figures_dir, bench), _summary(bench), _time(figures_dir),
                 _memory(figures_dir), _tokens(figures_dir), _generation(figures_dir),
-                _training_step(figures_dir), _copy_task(figures_dir), _speech(figures_dir),
-                _threads(bench), _auto(figures_dir)]
+                _training_step(figures_dir), _copy_task(figures_dir), _images(figures_dir),
+                _speech(figures_dir), _threads(bench), _auto(figures_dir)]
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n\n".join(s.strip("\n") for s in sections) + "\n")
+    out.write_text("\n\n".join(s.strip("\n") for s in sections if s) + "\n")
     return out
 
 
@@ -62,6 +62,13 @@ def _json(path):
 def _csv(path):
     """(rows, meta) of a figure's CSV, or (None, {}) when the file is missing."""
     return read_csv(path) if path.exists() else (None, {})
+
+
+def _source(path, meta):
+    """"`NAME.csv`, DATE" and, when the CSV says it, the command that wrote it (``make
+    figures`` or ``make paper``, its ``# tier:`` line)."""
+    tier = f", make {meta['tier']}" if meta.get("tier") else ""
+    return f"`{path.name}`, {meta.get('date')}{tier}"
 
 
 def _sig(x, digits=3):
@@ -173,7 +180,7 @@ def _time(figures_dir):
         return _missing("Time against N", path)
     fwd, _ = _by_n(rows, "seconds_fwd", 1e3, "ms")
     both, _ = _by_n(rows, "seconds_fwdbwd", 1e3, "ms")
-    text = [f"## Time against N (`{path.name}`, {meta.get('date')})", "",
+    text = [f"## Time against N ({_source(path, meta)})", "",
             "Milliseconds per sample (a call's time over its batch; batch x N fixed), and the "
             "log-log slope over the larger half of N. The figure: `figures/time_vs_n.png`.", "",
             "Forward:", "", fwd, "", "Forward + backward:", "", both]
@@ -192,7 +199,7 @@ def _memory(figures_dir):
     if rows is None:
         return _missing("Peak memory", path)
     table, _ = _by_n(rows, "peak_bytes", 1 / 2**20, "MiB")
-    return (f"## Peak memory (`{path.name}`, {meta.get('date')})\n\nMiB per sample beyond "
+    return (f"## Peak memory ({_source(path, meta)})\n\nMiB per sample beyond "
             "the inputs during one forward + backward call. The figure: "
             "`figures/memory_vs_n.png`.\n\n" + table)
 
@@ -206,7 +213,7 @@ def _tokens(figures_dir):
     names = list(table)
     positions = sorted({p for by_p in table.values() for p in by_p})
     body = [[p] + [_sig(table[name].get(p)) for name in names] for p in positions]
-    return (f"## One generated token (`{path.name}`, {meta.get('date')})\n\nMicroseconds for "
+    return (f"## One generated token ({_source(path, meta)})\n\nMicroseconds for "
             "one more token at each position (tokens already in the context). The figure: "
             "`figures/time_per_token.png`.\n\n" + _table(["position"] + names, body))
 
@@ -220,7 +227,7 @@ def _generation(figures_dir):
              _sig(r.get("images_per_s")), _sig(r.get("vs_rnn")),
              "measured" if r.get("measured") in (True, "True") else "estimated"]
             for r in rows]
-    return (f"## Generating images (`{path.name}`, {meta.get('date')})\n\n"
+    return (f"## Generating images ({_source(path, meta)})\n\n"
             f"{meta.get('caption', '')}\n\nEach row generates whole images with "
             "`linattn.model.generate` (the peer's with its own RNN); `vs RNN` is the row's "
             "time over linattn's RNN at the same batch.\n\n"
@@ -253,10 +260,27 @@ def _copy_task(figures_dir):
     for name, by_step in _pivot(rows, "eval_loss", "step").items():
         last = max(by_step)
         body.append([name, last, _sig(by_step[last])])
-    return (f"## Copy task (`{path.name}`, {meta.get('date')})\n\nHeld-out loss, nats per "
+    return (f"## Copy task ({_source(path, meta)})\n\nHeld-out loss, nats per "
             "copied symbol, at the last evaluation of each attention's run (the paper's "
             "figure 2, smaller). The figure: `figures/copy_task_loss.png`.\n\n"
             + _table(["attention", "step", "held-out loss"], body))
+
+
+def _images(figures_dir):
+    """Table 1 of the paper tier (``image_table.csv``); nothing when it has not run."""
+    path = figures_dir / "image_table.csv"
+    rows, meta = _csv(path)
+    if rows is None:
+        return ""
+    body = [[r["name"], _sig(r["bits_per_dim"]), r["form"], r["batch"],
+             _sig(r["images_per_s"]) + ("" if r["measured"] in (True, "True") else " (est.)")]
+            for r in rows]
+    return (f"## Images, the paper's Table 1 ({_source(path, meta)})\n\nBits per dimension "
+            "on the held-out images and images per second generating with each attention's "
+            "fastest form, from `make paper`. The figure: `figures/image_table.png`."
+            + _sentence(meta.get("caption")) + "\n\n"
+            + _table(["attention", "bits/dim", "form", "batch", "images/s"], body,
+                     ["---", "---:", "---", "---:", "---:"]))
 
 
 def _sentence(text):
@@ -271,7 +295,7 @@ def _speech(figures_dir):
         return _missing("Speech (synthetic)", path)
     body = [[r["model"], r["n_params"], r["epochs"], _sig(r["test_per"]),
              _sig(r.get("s_per_epoch"))] for r in rows]
-    return (f"## Speech, synthetic task (`{path.name}`, {meta.get('date')})\n\nThe paper's "
+    return (f"## Speech, synthetic task ({_source(path, meta)})\n\nThe paper's "
             "Table 3 on a synthetic phoneme task (not WSJ; see `docs/speech.md`): test phoneme "
             "error rate and the median seconds per training epoch; the last rows are trivial "
             "outputs, for scale." + _sentence(meta.get("caption"))

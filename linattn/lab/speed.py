@@ -81,7 +81,7 @@ def estimate_seconds(token_seconds, n, growth, probe_limit=PROBE_LIMIT, points=6
 
 
 @contextlib.contextmanager
-def _threads(n):
+def thread_limit(n):
     """NumPy's BLAS and Numba on ``n`` threads, restored afterwards; yields a line naming
     what was set (the BLAS is left alone without threadpoolctl, and the line says so)."""
     import numba
@@ -106,8 +106,10 @@ def _timed(f, rounds):
     return seconds(f, repeats=rounds, warmup=0)[0]
 
 
-def _form_seconds(params, cfg, method, batch, n, rounds, budget_s):
-    """(median seconds to generate n tokens for the batch, measured?)"""
+def form_seconds(params, cfg, method, batch, n, rounds, budget_s):
+    """(median seconds to generate n tokens for the batch after a start token (id 0) with
+    ``generate``'s ``method``, measured?): "recompute" is estimated by ``estimate_seconds``
+    when the estimate exceeds ``budget_s``, and then ``measured`` is False."""
     prompt = np.zeros((batch, 1), dtype=np.int64)                  # the start token
 
     def image():
@@ -194,14 +196,14 @@ def speed_table(batches=(1, 16), rounds=3, peer_python=None, budget_s=60.0, shap
     from .measure import machine_caption
     shape = {**MNIST, **(shape or {})}
     rows = []
-    with _threads(threads) as threads_note:
+    with thread_limit(threads) as threads_note:
         where = machine_caption(machine())
         for attention, method in FORMS:
             cfg = ModelConfig(max_len=n, attention=attention, **shape)
             params = init_params(cfg, seed=0)
             for batch in batches:
-                seconds, measured = _form_seconds(params, cfg, method, batch, n, rounds,
-                                                  budget_s)
+                seconds, measured = form_seconds(params, cfg, method, batch, n, rounds,
+                                                 budget_s)
                 rows.append(_row(NAMES[method], "linattn", batch, seconds, measured, n,
                                  cfg.dtype))
                 if method == "recurrent":

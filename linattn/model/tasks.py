@@ -83,11 +83,12 @@ class CopyTask(NamedTuple):
 
 
 class DigitsTask(NamedTuple):
-    """Pixel-by-pixel generation of 8x8 digits with 17 grey levels (0..16).
+    """Pixel-by-pixel generation of digits with 17 grey levels (0..16), 8x8 by default.
 
-    A sequence is [START, p_1, ..., p_64] with START = 17; the model reads N = 64 ids and
-    predicts the 64 pixels, so the loss in nats / ln 2 is bits per dimension (section 4.2).
-    ``train`` and ``test`` hold the pixel values, (n_images, 64) integers.
+    A sequence is [START, p_1, ..., p_P] with START = 17 and P pixels (64 at 8x8); the model
+    reads N = P ids and predicts the P pixels, so the loss in nats / ln 2 is bits per
+    dimension (section 4.2). ``train`` and ``test`` hold the pixel values, (n_images, P)
+    integers.
     """
 
     train: np.ndarray
@@ -95,8 +96,12 @@ class DigitsTask(NamedTuple):
 
     levels = 17
     vocab_size = 18
-    seq_len = 64
     start = 17
+
+    @property
+    def seq_len(self):
+        """N, the pixels of an image (64 at 8x8)."""
+        return self.train.shape[1]
 
     def _sequences(self, images):
         start = np.full((images.shape[0], 1), self.start)
@@ -113,9 +118,13 @@ class DigitsTask(NamedTuple):
                 for i in range(0, len(self.test), batch_size)]
 
 
-def load_digits(n_test=297, seed=0):
+def load_digits(n_test=297, seed=0, side=8):
     """scikit-learn's 1797 handwritten digits as a ``DigitsTask``, split by a fixed
     permutation (``seed``) into 1500 training and ``n_test`` test images.
+
+    ``side`` > 8 resamples each image to side x side pixels (``upsample``): longer sequences
+    of the same 1797 drawings, which adds no information; the model must learn the
+    interpolation as well as the digits.
 
     Raises ImportError, saying how to install the extra, when scikit-learn is missing.
     """
@@ -125,5 +134,24 @@ def load_digits(n_test=297, seed=0):
         raise ImportError("the digits task needs scikit-learn, an optional extra: "
                           "pip install 'linattn[digits]'") from err
     images = sklearn_digits().data.astype(np.int64)           # (1797, 64), values 0..16
+    if side != 8:
+        images = upsample(images.reshape(-1, 8, 8), side).reshape(len(images), side * side)
     order = np.random.default_rng(seed).permutation(len(images))
     return DigitsTask(train=images[order[n_test:]], test=images[order[:n_test]])
+
+
+def upsample(images, side):
+    """Images (n, h, w) of grey levels 0..16 resampled to (n, side, side) by bilinear
+    interpolation (pixel centres aligned, edges held), rounded back to the levels 0..16."""
+    n, h, w = images.shape
+
+    def weights(size):                                # (side, size) interpolation matrix
+        x = np.clip((np.arange(side) + 0.5) * size / side - 0.5, 0, size - 1)
+        lo = np.floor(x).astype(int)
+        hi = np.minimum(lo + 1, size - 1)
+        a = np.zeros((side, size))
+        a[np.arange(side), lo] += 1 - (x - lo)
+        a[np.arange(side), hi] += x - lo
+        return a
+    out = np.einsum("yh,nhw,xw->nyx", weights(h), images.astype(np.float64), weights(w))
+    return np.clip(np.rint(out), 0, 16).astype(np.int64)

@@ -42,12 +42,15 @@ TABLE_FIELDS = ("model", "n_params", "epochs", "test_per", "s_per_epoch")
 class SpeechTrainConfig(NamedTuple):
     """epochs: passes over the training split; batch_size: utterances per update; seed: of
     parameters and batch order; checkpoint_every: steps between checkpoints (and one at the
-    end of every epoch)."""
+    end of every epoch); fresh: each epoch trains on ``task.n_train`` utterances never seen
+    before (epoch e: training utterances e n_train .. (e + 1) n_train - 1, generated as the
+    epoch starts), so a model cannot overfit; epoch 0 is the fixed training split."""
 
     epochs: int = 10
     batch_size: int = 16
     seed: int = 0
     checkpoint_every: int = 100
+    fresh: bool = False
 
 
 def speech_setup(model, task=SpeechTask(), **overrides):
@@ -112,7 +115,7 @@ def run_speech(cfg, task, train_cfg, adam=DEFAULT_SPEECH_ADAM, out_dir=None, res
                                                    out_dir, resume)
     splits = splits or {name: task.split(name) for name in ("train", "valid")}
     train, valid = splits["train"], splits["valid"]
-    counts = [len(u.features) for u in train]
+    templates = task.templates() if train_cfg.fresh else None
     n_batches = -(-len(train) // train_cfg.batch_size)
     total = train_cfg.epochs * n_batches
     log, writer, offset = (open_log(os.path.join(out_dir, "log.csv"), opt_state.step, resume,
@@ -122,6 +125,10 @@ def run_speech(cfg, task, train_cfg, adam=DEFAULT_SPEECH_ADAM, out_dir=None, res
     try:
         while opt_state.step < total:
             epoch = opt_state.step // n_batches
+            if train_cfg.fresh and epoch > 0:            # the epoch's unseen utterances
+                train = [task.utterance("train", epoch * len(splits["train"]) + i, templates)
+                         for i in range(len(splits["train"]))]
+            counts = [len(u.features) for u in train]
             losses, train_s = [], 0.0
             for idx in epoch_batches(counts, train_cfg.batch_size, train_cfg.seed,
                                      epoch)[opt_state.step % n_batches:]:
