@@ -339,6 +339,8 @@ def _benchmark(out, quick, caption, peer_python):
     """One benchmark run (its files go to out/data) drawn three ways, as the paper's
     Figure 1: time and memory per sample against N at a constant number of tokens."""
     scaling, tokens, meta = measure.benchmark_rows(out / "data", quick, peer_python)
+    if not quick:                         # the same ratios as an AVX2-only CPU runs them
+        measure.avx2_head_to_head(out / "data" / "avx2", peer_python)
     caption = (f"measured on {meta['machine']}; peers: {meta['peers']}\neach curve stops "
                f"after the first N at which one forward + backward call took over "
                f"{meta['budget']:g} s (NumPy's softmax also where its N x N matrices would "

@@ -244,6 +244,23 @@ def benchmark_rows(out_dir, quick=False, peer_python=None, budget=FIGURE1_BUDGET
                              if peer_python else NO_PEERS}
 
 
+def avx2_head_to_head(out_dir, peer_python=None, rounds=5):
+    """The benchmark's head-to-head rounds again, every side held to the AVX2 instruction set
+    (``isa``; Numba compiles its kernels once more for that target), into ``out_dir``
+    (bench.json and bench.txt): the ratios as an AVX2-only CPU gives them, beside the native
+    run's. Only N = 4096 (the head-to-head's), no crossover; the peers when ``peer_python``
+    is given. Returns the path of bench.json."""
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "linattn.lab.bench", "--isa", "avx2", "--out", str(out_dir),
+            "--min-n", "4096", "--max-n", "4096", "--widths", "--gen-positions", "1024",
+            "--rounds", str(rounds), "--no-progress"]
+    args += ["--peer-python", peer_python] if peer_python else ["--no-peers"]
+    subprocess.run(args, check=True, env=isa.environment("avx2"), stdout=subprocess.DEVNULL)
+    return os.path.join(out_dir, "bench.json")
+
+
 def _name(case):
     """(figure name, library) of a benchmark case, None for cases the figures leave out."""
     if case in BENCH_NAMES:

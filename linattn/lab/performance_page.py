@@ -44,7 +44,9 @@ def write_page(figures_dir="figures", out="docs/performance.md"):
     """
     figures_dir, out = pathlib.Path(figures_dir), pathlib.Path(out)
     bench = _json(figures_dir / "data" / "bench.json")
-    sections = [_header(figures_dir, bench), _summary(bench), _time(figures_dir),
+    sections = [_header(figures_dir, bench), _summary(bench),
+                _modes(bench, _json(figures_dir / "data" / "avx2" / "bench.json")),
+                _time(figures_dir),
                 _memory(figures_dir), _tokens(figures_dir), _generation(figures_dir),
                 _training_step(figures_dir), _copy_task(figures_dir), _images(figures_dir),
                 _speech(figures_dir), _threads(bench), _auto(figures_dir)]
@@ -161,6 +163,25 @@ def _summary(bench):
     return ("## Head to head\n\nThe benchmark's summary: ratios of two timings taken in turn "
             "(the median over the rounds), and ratios to the machine's own yardsticks.\n\n"
             + _table(["quantity", "measured"], rows))
+
+
+def _modes(bench, avx2):
+    """The summary's ratios in the two instruction-set modes side by side: as this CPU runs
+    them, and with every side held to AVX2 (``linattn.lab.isa``)."""
+    title = "## Head to head as an AVX2-only CPU runs it"
+    if bench is None or avx2 is None or not avx2.get("summary"):
+        return (f"{title}\n\nNot in this run: `data/avx2/bench.json` is missing "
+                "(`make figures` writes it; `python -m linattn bench --isa avx2` alone).")
+    native = dict((q, v) for q, v in bench.get("summary") or [])
+    rows = [[q, _sig(native.get(q)), _sig(v)] for q, v in avx2["summary"]]
+    labels = [isa.label(b["machine"]["instruction_set"]) if b["machine"].get("instruction_set")
+              else "not recorded" for b in (bench, avx2)]
+    return (f"{title}\n\nThe same ratios measured twice on this machine, in separate runs: "
+            f"as it runs them ({labels[0]}) and with Numba, OpenBLAS and the peers held to "
+            f"the AVX2 instruction set ({labels[1]}; peers: {avx2.get('peers_note')}; "
+            f"{avx2['machine'].get('date')}). The AVX2 run has only the head-to-head rounds, "
+            f"at N = {avx2['config'].get('compare_n')}.\n\n"
+            + _table(["quantity", "native", "AVX2 mode"], rows))
 
 
 def _by_n(rows, key, scale, unit):
