@@ -81,8 +81,10 @@ TABLE = {
     ("linear", "chunked", "numpy"): ("linattn.forms.chunked", "linattn.forms.decay_chunked"),
     ("linear", "recurrent", "numpy"): ("linattn.forms.recurrent",
                                        "linattn.forms.decay_recurrent"),
-    ("linear", "linear", "numba"): "linattn.numba_cpu.loops",
-    ("linear", "recurrent", "numba"): "linattn.numba_cpu.loops",      # the same running sums
+    ("linear", "linear", "numba"): ("linattn.numba_cpu.loops",       # gated: decay_loops
+                                    "linattn.numba_cpu.decay_loops"),
+    ("linear", "recurrent", "numba"): ("linattn.numba_cpu.loops",    # the same running sums
+                                       "linattn.numba_cpu.decay_loops"),
     ("linear", "chunked", "numba"): "linattn.numba_cpu.chunked",
     ("linear", "quadratic", "numba"): "linattn.numba_cpu.quadratic",  # blocks of A, no state
     ("linear", "quadratic", "cupy"): "linattn.forms.quadratic",       # NumPy's, on CuPy arrays

@@ -101,10 +101,11 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
     Key masks and states run on every method of the NumPy and Numba backends (Numba's fused
     elu+1 included), and on CuPy arrays in the causal chunked kernels, elsewhere through
     NumPy's forms: "auto" keeps the backend and method it would pick without them. A decay,
-    a log gate and ``normalize=False`` run on NumPy's forms only ("quadratic": the decayed
-    kernel matrix, the oracle; "linear" and "recurrent": the gated running sums; "chunked",
-    "auto": blocks in log space, finite in float32 for any N and decay); "auto" falls back
-    to them, an explicit other backend is a ValueError.
+    a log gate and ``normalize=False`` run on NumPy's forms ("quadratic": the decayed kernel
+    matrix, the oracle; "linear" and "recurrent": the gated running sums; "chunked", "auto":
+    blocks in log space, finite in float32 for any N and decay) and on Numba's "linear" and
+    "recurrent" (compiled gated loops); elsewhere "auto" falls back to NumPy and an explicit
+    backend is a ValueError.
 
     Cost: O(N F M) time and O(N (F + M)) memory for every method but "quadratic"
     (O(N^2 max(F, M)) time, O(N^2) memory); F is the feature map's width.

@@ -237,7 +237,7 @@ def test_bad_inputs_are_refused(kw, words):
 
 
 @pytest.mark.skipif(not numba_imports(), reason="numba is not installed")
-@pytest.mark.parametrize("method", ["linear", "chunked"])
+@pytest.mark.parametrize("method", ["quadratic", "chunked"])
 def test_numba_backend_with_decay_is_refused(method):
     q, k, v = random_qkv(13, 5, 3, 2)
     with pytest.raises(ValueError, match=f"backend 'numba'.*'{method}'.*decay"):
