@@ -78,8 +78,9 @@ def test_forms_match_oracle(n, d, m, lead, chunk, kind, normalize, seed):
     if kind == "none" and normalize:
         kw["decay"] = 0.9
     want = linear_attention(q, k, v, method="quadratic", **kw)
-    for method in METHODS[1:]:
-        got = linear_attention(q, k, v, method=method, chunk_size=chunk, **kw)
+    for method in METHODS[1:]:               # NumPy's forms; Numba's: test_decay_numba
+        got = linear_attention(q, k, v, method=method, chunk_size=chunk, backend="numpy",
+                               **kw)
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12, err_msg=method)
 
 
@@ -89,7 +90,8 @@ def test_gradients_match_central_differences(method, normalize):
     q, k, v = random_qkv(3, 5, 3, 2, (2,))
     g = gates(3, (2,), 5, 3)
     decay = np.array([0.8, 0.6])
-    kw = dict(causal=True, method=method, chunk_size=2, normalize=normalize)
+    kw = dict(causal=True, method=method, chunk_size=2, normalize=normalize,
+              backend="numpy")
     assert_gradients_match(
         lambda q, k, v, g, decay: linear_attention(q, k, v, log_gate=g, decay=decay, **kw),
         lambda dout, q, k, v, g, decay: linear_attention_backward(
