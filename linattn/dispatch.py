@@ -22,7 +22,8 @@ The families and the functions their modules define (same names on every backend
   eps)``, the same step updating the C-contiguous S and z in place and writing ``out``
   (``Recurrence``; eps a scalar of the state's dtype); and ``step_into_compensated(phi_q,
   phi_k, v, S, z, S_c, z_c, out, eps)``, which adds by Kahan's compensated summation, S_c
-  and z_c the compensation (the fields of a ``CompensatedState``).
+  and z_c the compensation (the fields of a ``CompensatedState``). The gated step (options
+  "decay", "log_gate", "unnormalized") takes ``log_gate=`` (..., F) and ``normalize=`` too.
 - ``"softmax"``: ``attend(q, k, v, *, causal, scale)`` and ``attend_backward(dout, q, k, v,
   *, causal, scale) -> (dq, dk, dv)``; with the option ``key_mask=``.
 - ``"lsh"``: ``attend(qk, v, *, n_hashes, chunk_size, n_buckets, causal, seed)`` and
