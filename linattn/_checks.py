@@ -105,6 +105,60 @@ def check_eps(eps):
     return eps
 
 
+def check_gating(causal, decay, log_gate, normalize):
+    """``normalize`` as a bool; a ValueError when a decay or a log gate is asked of
+    non-causal attention (the decay counts positions back from the query)."""
+    normalize = check_flag("normalize", normalize)
+    if not causal and (decay is not None or log_gate is not None):
+        raise ValueError("decay and log_gate need causal=True: a decay multiplies the state "
+                         "once per position, from each key to the query after it")
+    return normalize
+
+
+def check_decay(decay, lead, dtype, xp):
+    """``decay`` (gamma) as an ``xp`` array of ``dtype`` whose shape broadcasts to ``lead``
+    (the leading axes of q, e.g. (H,) for (B, H, N, D) inputs), each value in (0, 1]
+    (NaN passes, to come out as NaN); None stays None."""
+    if decay is None:
+        return None
+    decay = as_float_array("decay", decay if xp is not np else np.asarray(decay, float))
+    try:
+        ok = np.broadcast_shapes(decay.shape, lead) == tuple(lead)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"decay must be a float or an array whose shape broadcasts to the "
+                         f"leading axes of q, {tuple(lead)}, got shape {decay.shape}")
+    if decay.size and bool(((decay <= 0) | (decay > 1)).any()):
+        raise ValueError(f"decay must lie in (0, 1] (gamma multiplies the state at each "
+                         f"position), got values in [{float(decay.min())}, "
+                         f"{float(decay.max())}]")
+    return decay.astype(dtype, copy=False)
+
+
+def check_log_gate(log_gate, shape, dtype, xp, name="log_gate"):
+    """``log_gate`` as an ``xp`` array of ``dtype`` whose shape broadcasts to ``shape``
+    ((..., N, F) for a sequence, (..., F) for a step; F the feature map's width), each value
+    <= 0 and not -inf (NaN passes, to come out as NaN); None stays None."""
+    if log_gate is None:
+        return None
+    log_gate = as_float_array(name, log_gate)
+    try:
+        ok = np.broadcast_shapes(log_gate.shape, shape) == tuple(shape)
+    except ValueError:
+        ok = False
+    axes = "(..., N, F)" if name == "log_gate" else "(..., F)"
+    if not ok or array_module(log_gate) is not xp:
+        raise ValueError(f"{name} must be an {xp.__name__} array whose shape broadcasts to "
+                         f"{axes} = {tuple(shape)}, F = {shape[-1]} the width of the feature "
+                         f"map's output, got shape {log_gate.shape}")
+    if log_gate.size and bool(((log_gate > 0) | (log_gate == -np.inf)).any()):
+        raise ValueError(f"{name} must hold log gates: values <= 0 and finite (alpha = "
+                         f"exp({name}) in (0, 1]), got values in [{float(log_gate.min())}, "
+                         f"{float(log_gate.max())}]")
+    return log_gate.astype(dtype, copy=False)
+
+
 def check_chunk_size(chunk_size):
     """``chunk_size`` if it is None or a positive integer, else a ValueError."""
     if chunk_size is None:

@@ -22,7 +22,8 @@ The families and the functions their modules define (same names on every backend
   eps)``, the same step updating the C-contiguous S and z in place and writing ``out``
   (``Recurrence``; eps a scalar of the state's dtype); and ``step_into_compensated(phi_q,
   phi_k, v, S, z, S_c, z_c, out, eps)``, which adds by Kahan's compensated summation, S_c
-  and z_c the compensation (the fields of a ``CompensatedState``).
+  and z_c the compensation (the fields of a ``CompensatedState``). The gated step (options
+  "decay", "log_gate", "unnormalized") takes ``log_gate=`` (..., F) and ``normalize=`` too.
 - ``"softmax"``: ``attend(q, k, v, *, causal, scale)`` and ``attend_backward(dout, q, k, v,
   *, causal, scale) -> (dq, dk, dv)``; with the option ``key_mask=``.
 - ``"lsh"``: ``attend(qk, v, *, n_hashes, chunk_size, n_buckets, causal, seed)`` and
@@ -38,7 +39,11 @@ Each module declares what it supports, and ``kernel`` reads nothing else about i
 - ``SUPPORTS``, a frozenset of the options it takes beyond the family's bare call, each
   reaching it by keyword: ``"non_causal"`` (``causal=False``), ``"key_mask"`` (a boolean
   (..., Nk) mask of real keys), ``"initial_state"`` (a ``State`` to start from) and
-  ``"return_state"`` (return the final ``State`` too; its backward takes ``dstate``).
+  ``"return_state"`` (return the final ``State`` too; its backward takes ``dstate``);
+  ``"decay"`` and ``"log_gate"`` (a per-head decay or a per-position log gate, both reaching
+  the kernel as ``log_gate=`` (..., N, F), the decay folded in as its log; its backward then
+  returns dlog_gate after dv) and ``"unnormalized"`` (``normalize=False``): see
+  ``forms.decay``.
   A new option lands in the NumPy forms first; "auto" skips a module without it, and an
   explicit backend whose modules all lack it is a ValueError naming backend, method and option.
 - ``FUSED_FEATURE_MAPS``, the feature-map classes it applies itself to raw q and k when called
@@ -76,12 +81,17 @@ METHODS = {"linear": ("auto", "quadratic", "linear", "chunked", "recurrent"),
 
 # (family, method, backend) -> the module that runs it, or the modules tried in order
 TABLE = {
-    ("linear", "quadratic", "numpy"): "linattn.forms.quadratic",      # the oracle
-    ("linear", "linear", "numpy"): "linattn.forms.cumulative",
-    ("linear", "chunked", "numpy"): "linattn.forms.chunked",
-    ("linear", "recurrent", "numpy"): "linattn.forms.recurrent",
-    ("linear", "linear", "numba"): "linattn.numba_cpu.loops",
-    ("linear", "recurrent", "numba"): "linattn.numba_cpu.loops",      # the same running sums
+    # the oracles; with a decay, a log gate or no normaliser, the gated forms after them
+    ("linear", "quadratic", "numpy"): ("linattn.forms.quadratic", "linattn.forms.decay"),
+    ("linear", "linear", "numpy"): ("linattn.forms.cumulative",
+                                    "linattn.forms.decay_recurrent"),
+    ("linear", "chunked", "numpy"): ("linattn.forms.chunked", "linattn.forms.decay_chunked"),
+    ("linear", "recurrent", "numpy"): ("linattn.forms.recurrent",
+                                       "linattn.forms.decay_recurrent"),
+    ("linear", "linear", "numba"): ("linattn.numba_cpu.loops",       # gated: decay_loops
+                                    "linattn.numba_cpu.decay_loops"),
+    ("linear", "recurrent", "numba"): ("linattn.numba_cpu.loops",    # the same running sums
+                                       "linattn.numba_cpu.decay_loops"),
     ("linear", "chunked", "numba"): "linattn.numba_cpu.chunked",
     ("linear", "quadratic", "numba"): "linattn.numba_cpu.quadratic",  # blocks of A, no state
     ("linear", "quadratic", "cupy"): "linattn.forms.quadratic",       # NumPy's, on CuPy arrays
@@ -91,7 +101,7 @@ TABLE = {
     ("linear", "recurrent", "cupy"): ("linattn.cuda.cumulative", "linattn.forms.cumulative"),
     ("linear", "chunked", "cupy"): ("linattn.cuda.chunked",           # v2: the chunked scan
                                     "linattn.forms.chunked"),
-    ("step", "auto", "numpy"): "linattn.forms.recurrent",
+    ("step", "auto", "numpy"): ("linattn.forms.recurrent", "linattn.forms.decay_recurrent"),
     ("step", "auto", "numba"): "linattn.numba_cpu.step",
     ("step", "auto", "cupy"): "linattn.cuda.step",
     ("softmax", "auto", "numpy"): "linattn.forms.softmax",           # the N x N oracle
@@ -129,7 +139,8 @@ AUTO_METHOD = {
 }
 
 
-OPTIONS = ("non_causal", "key_mask", "initial_state", "return_state")
+OPTIONS = ("non_causal", "key_mask", "initial_state", "return_state",
+           "decay", "log_gate", "unnormalized")
 
 
 def given(**options):

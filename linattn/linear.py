@@ -8,7 +8,7 @@ its inputs once (``_checks``), applies the feature map (unless the kernel fuses 
 hands positive features to the kernel pair ``dispatch`` picks for ``method`` and ``backend``.
 Oracle: ``method="quadratic"``, ``backend="numpy"``.
 """
-from . import _checks, dispatch
+from . import _checks, _gates, dispatch
 from .feature_maps import get_feature_map
 from .forms.recurrent import CompensatedState, State, zero_state
 
@@ -24,7 +24,8 @@ def _options(causal, eps, chunk_size):
 
 def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
                      method="auto", backend="auto", chunk_size=None, key_mask=None,
-                     key_lengths=None, initial_state=None, return_state=False):
+                     key_lengths=None, initial_state=None, return_state=False, decay=None,
+                     log_gate=None, normalize=True):
     """Linear attention, Eq. (5) (non-causal) or Eq. (9)-(12) (causal).
 
     out_i = phi(q_i)^T S_i / (phi(q_i)^T z_i + eps), S_i = sum_j phi(k_j) v_j^T and
@@ -75,6 +76,21 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
     return_state : bool
         Also return the state after the last position (padded keys not counted), to hand
         to the next piece, ``linear_attention_step`` or ``Recurrence``. Causal only.
+    decay : float or ndarray, shape broadcasting to q.shape[:-2], optional
+        gamma in (0, 1], e.g. one per head ((H,) for (B, H, N, D) inputs): the state decays
+        before each update, S_i = gamma S_{i-1} + phi(k_i) v_i^T and z_i likewise, so
+        A_ij = gamma^(i - j) phi(q_i)^T phi(k_j) for j <= i: the decay of RetNet (Sun et al.
+        2023) and the scalar transition of Mamba-2 (Dao and Gu 2024). Causal only; None is
+        the paper's sums (gamma = 1), computed by the code above unchanged.
+    log_gate : ndarray, shape broadcasting to (..., N, F), optional
+        GLA's gate (Yang et al. 2023) in log space, g_i <= 0, finite, per position and
+        feature (F the feature map's width): S_i = diag(exp(g_i)) S_{i-1} + phi(k_i) v_i^T,
+        z_i = exp(g_i) * z_{i-1} + phi(k_i). With ``decay`` too, the two multiply (log gamma
+        is added to g). Causal only. See ``forms.decay`` for the forms and their derivation.
+    normalize : bool
+        False drops the normaliser, as RetNet does: out_i = phi(q_i)^T S_i (no z, no eps),
+        with or without a decay or gate; causal or not (non-causal: phi(q_i)^T sum_j
+        phi(k_j) v_j^T over all j).
 
     Returns
     -------
@@ -84,21 +100,29 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
 
     Key masks and states run on every method of the NumPy and Numba backends (Numba's fused
     elu+1 included), and on CuPy arrays in the causal chunked kernels, elsewhere through
-    NumPy's forms: "auto" keeps the backend and method it would pick without them.
+    NumPy's forms: "auto" keeps the backend and method it would pick without them. A decay,
+    a log gate and ``normalize=False`` run on NumPy's forms ("quadratic": the decayed kernel
+    matrix, the oracle; "linear" and "recurrent": the gated running sums; "chunked", "auto":
+    blocks in log space, finite in float32 for any N and decay) and on Numba's "linear" and
+    "recurrent" (compiled gated loops); elsewhere "auto" falls back to NumPy and an explicit
+    backend is a ValueError.
 
     Cost: O(N F M) time and O(N (F + M)) memory for every method but "quadratic"
     (O(N^2 max(F, M)) time, O(N^2) memory); F is the feature map's width.
     """
     (q, k, v), out_dtype = _checks.check_qkv(q, k, v, causal=causal)
     return_state = _checks.check_states(causal, initial_state, return_state)
+    normalize = _checks.check_gating(causal, decay, log_gate, normalize)
     mask = _checks.check_key_mask(key_mask, key_lengths, q.shape[:-2], k.shape[-2],
                                   _checks.array_module(q))
     needs = dispatch.needed(causal=causal, key_mask=mask, initial_state=initial_state,
-                            return_state=return_state)
+                            return_state=return_state, decay=decay, log_gate=log_gate,
+                            unnormalized=not normalize)
     kernel, x_q, x_k, kw = _prepare(q, k, v, causal, feature_map, eps, method, backend,
                                     chunk_size, needs)
     kw.update(dispatch.given(key_mask=mask, return_state=return_state,
                              initial_state=_state("initial_state", initial_state, x_q, v)))
+    kw.update(_gates.sequence_gate(decay, log_gate, normalize, x_q)[0])
     out = kernel.attend(x_q, x_k, v, **kw)
     if return_state:
         out, state = out
@@ -131,7 +155,8 @@ def _state(name, state, x_q, v):
 def linear_attention_backward(dout, q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
                               method="auto", backend="auto",
                               chunk_size=None, key_mask=None, key_lengths=None,
-                              initial_state=None, dstate=None):
+                              initial_state=None, dstate=None, decay=None, log_gate=None,
+                              normalize=True):
     """Gradients of ``linear_attention`` with respect to q, k and v, Eq. (13)-(15), and to
     the initial state when one is given.
 
@@ -156,41 +181,66 @@ def linear_attention_backward(dout, q, k, v, *, causal=False, feature_map="elu+1
     dstate : State, optional
         (dS (..., F, M), dz (..., F)): the gradient of the loss with respect to the final
         state that ``return_state`` returned; None when the loss does not use it. Causal only.
+    decay, log_gate, normalize
+        As given to ``linear_attention``.
 
     Returns
     -------
+    In this order, each of the last three only when its input is given:
     dq : ndarray, shape (..., Nq, D)
     dk : ndarray, shape (..., Nk, D)
         Exactly 0 at padded keys.
     dv : ndarray, shape (..., Nk, M)
         Exactly 0 at padded keys.
+    dlog_gate : ndarray, log_gate's shape
+        Only when ``log_gate`` is given; 0 at padded keys. With b_i = g_1 + ... + g_i,
+        db_i = phi(q_i) * dphi(q_i) - phi(k_i) * dphi(k_i) (+ S_N * dS_N at i = N) and
+        dg_l = sum_{i >= l} db_i (see ``forms.decay``).
+    ddecay : ndarray, decay's shape (0-d for a float)
+        Only when ``decay`` is given: sum over positions and features of dg / gamma.
     dinitial_state : State
         Only when ``initial_state`` is given: (dS0 (..., F, M), dz0 (..., F)), in the compute
         dtype.
     """
     (q, k, v, dout), out_dtype = _checks.check_qkv(q, k, v, dout, causal=causal)
     _checks.check_states(causal, initial_state, dstate is not None)
+    normalize = _checks.check_gating(causal, decay, log_gate, normalize)
     xp = _checks.array_module(q)
     mask = _checks.check_key_mask(key_mask, key_lengths, q.shape[:-2], k.shape[-2], xp)
     needs = dispatch.needed(causal=causal, key_mask=mask, initial_state=initial_state,
-                            return_state=dstate)
+                            return_state=dstate, decay=decay, log_gate=log_gate,
+                            unnormalized=not normalize)
     kernel, x_q, x_k, kw = _prepare(q, k, v, causal, feature_map, eps, method, backend,
                                     chunk_size, needs)
     kw.update(dispatch.given(key_mask=mask,
                              initial_state=_state("initial_state", initial_state, x_q, v),
                              dstate=_state("dstate", dstate, x_q, v)))
+    gating, decay, log_gate = _gates.sequence_gate(decay, log_gate, normalize, x_q)
+    kw.update(gating)
     grads = kernel.attend_backward(dout, x_q, x_k, v, **kw)
     dq, dk, dv = grads[:3]
+    extra = grads[3:]                     # dinitial_state, when given
+    if "log_gate" in gating:              # the gate's gradient: to log_gate and to decay
+        dg, extra = grads[3], grads[4:]
+        dgates = () if log_gate is None else (_gates.reduce_to(dg, log_gate.shape),)
+        if decay is not None:
+            lead = x_q.shape[:-2]
+            per_lead = dg.sum(axis=(-2, -1)) / xp.broadcast_to(decay, lead)  # d log gamma / gamma
+            dgates += (_gates.reduce_to(per_lead, decay.shape),)
+        extra = (*(g.astype(out_dtype, copy=False) for g in dgates), *extra)
+    elif gating:                          # normalize=False alone: the gated forms, no gate
+        extra = grads[4:]
     if "elu" not in kw:                   # gradients of the features: back through phi
         phi = get_feature_map(feature_map)
         dq, dk = phi.vjp(q, dq), phi.vjp(k, dk)
     if mask is not None:                  # exactly 0 even where padding holds inf or NaN
         dk = xp.where(mask[..., None], dk, dk.dtype.type(0))
-    return (*(g.astype(out_dtype, copy=False) for g in (dq, dk, dv)), *grads[3:])
+    return (*(g.astype(out_dtype, copy=False) for g in (dq, dk, dv)), *extra)
 
 
 def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps=1e-6,
-                          backend="auto", compensated=False):
+                          backend="auto", compensated=False, decay=None, log_gate_t=None,
+                          normalize=True):
     """One step of causal linear attention as an RNN, Eq. (16)-(20).
 
     S_t = S_{t-1} + phi(k_t) v_t^T, z_t = z_{t-1} + phi(k_t),
@@ -222,7 +272,16 @@ def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps
         Add S and z by Kahan's compensated summation (``forms.recurrent.kahan_add_``): a
         float32 state then stays within a few units of float32 rounding of the float64 one
         however many steps are taken (notebook 09 measures it), for a second pass over a
-        state of the same size. The readout uses S and z as they are.
+        state of the same size. The readout uses S and z as they are. Not with a decay, a
+        log gate or ``normalize=False`` (a ValueError).
+    decay : float or ndarray, shape broadcasting to q_t.shape[:-1], optional
+        gamma in (0, 1]: S_t = gamma S_{t-1} + phi(k_t) v_t^T, z_t likewise.
+    log_gate_t : ndarray, shape broadcasting to (..., F), optional
+        This position's log gate g_t <= 0: S_t = diag(exp(g_t)) S_{t-1} + phi(k_t) v_t^T,
+        z_t = exp(g_t) * z_{t-1} + phi(k_t); with ``decay`` too, the two multiply.
+    normalize : bool
+        False reads out phi(q_t)^T S_t alone (z is still carried). Decay, gate and
+        normaliser as in ``linear_attention``, whose causal forms scanning this step gives.
 
     Returns
     -------
@@ -236,9 +295,15 @@ def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps
     (q_t, k_t, v_t), out_dtype = _checks.check_step(q_t, k_t, v_t)
     eps = _checks.check_eps(eps)
     compensated = _checks.check_flag("compensated", compensated)
+    normalize = _checks.check_gating(True, decay, log_gate_t, normalize)
+    gated = decay is not None or log_gate_t is not None or not normalize
+    if gated and compensated:
+        raise ValueError("compensated=True does not take a decay, log_gate_t or "
+                         "normalize=False: Kahan's sums add, a decay also multiplies")
     phi = get_feature_map(feature_map)
     xp = _checks.array_module(q_t)
-    kernel, _ = dispatch.kernel("step", "auto", backend, xp)
+    needs = dispatch.needed(decay=decay, log_gate=log_gate_t, unnormalized=not normalize)
+    kernel, _ = dispatch.kernel("step", "auto", backend, xp, needs=needs)
     fused = dispatch.fuses(kernel, phi)
     phi_q, phi_k = (q_t, k_t) if fused else (phi.forward(q_t), phi.forward(k_t))
     lead, f, m = q_t.shape[:-1], phi_k.shape[-1], v_t.shape[-1]
@@ -252,5 +317,10 @@ def linear_attention_step(q_t, k_t, v_t, state=None, *, feature_map="elu+1", eps
                                      **elu)
         return out.astype(out_dtype, copy=False), state
     state = zero_state(lead, f, m, q_t.dtype, xp) if state is None else State(*state)
+    if gated:
+        out, state = kernel.step(phi_q, phi_k, v_t, state, eps, normalize=normalize,
+                                 log_gate=_gates.step_gate(decay, log_gate_t, phi_k))
+        return out.astype(out_dtype, copy=False), state
     out, state = kernel.step(phi_q, phi_k, v_t, state, eps=eps, **elu)
     return out.astype(out_dtype, copy=False), state
+

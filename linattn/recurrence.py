@@ -11,7 +11,7 @@ once, in its constructor, owns the state and updates it in place, so that a step
 pass over the state plus a few comparisons. The functional step is its reference: scanning
 it gives the same outputs (tests/test_recurrence.py).
 """
-from . import _checks, dispatch
+from . import _checks, _gates, dispatch
 from .feature_maps import get_feature_map
 from .forms.recurrent import CompensatedState, State, zero_state
 
@@ -47,6 +47,16 @@ class Recurrence:
         The state to start from instead of zeros, copied: e.g. what
         ``linear_attention(..., causal=True, return_state=True)`` returned for a prompt, so
         that generation continues it (a CompensatedState when ``compensated``).
+    decay : float or ndarray, shape broadcasting to lead_shape, optional
+        gamma in (0, 1] (RetNet's decay): every step first multiplies S and z by gamma.
+    gated : bool
+        Each ``step`` takes a log gate ``log_gate_t`` (*lead_shape, F) (GLA's gate):
+        S = diag(exp(g_t)) S + phi(k_t) v_t^T, z likewise. With ``decay`` the two multiply.
+    normalize : bool
+        False reads out phi(q_t)^T S_t alone (RetNet; z is still carried).
+        A decay, a gate and normalize=False run the NumPy step (``forms.decay_recurrent``),
+        not with ``compensated``; ``linear_attention_step`` with the same keywords is their
+        reference.
 
     Attributes
     ----------
@@ -78,16 +88,24 @@ class Recurrence:
     # every attribute, all private: no new ones, and the public ones are read-only properties
     __slots__ = ("_lead_shape", "_d", "_m", "_feature_width", "_dtype", "_compensated",
                  "_backend", "_phi", "_fused", "_step_into", "_xp", "_eps", "_qk_shape",
-                 "_v_shape", "_state")
+                 "_v_shape", "_state", "_gate", "_gated", "_normalize")
 
     def __init__(self, lead_shape, d, m, *, feature_map="elu+1", eps=1e-6, dtype="float32",
-                 backend="auto", compensated=False, initial_state=None):
+                 backend="auto", compensated=False, initial_state=None, decay=None,
+                 gated=False, normalize=True):
         lead, d, m, dtype = _checks.check_recurrence(lead_shape, d, m, dtype)
         eps = _checks.check_eps(eps)
         self._compensated = _checks.check_flag("compensated", compensated)
+        self._gated = _checks.check_flag("gated", gated)
+        self._normalize = _checks.check_gating(True, decay, None, normalize)
         self._phi = get_feature_map(feature_map)
         xp = _checks.backend_array_module(backend)
-        kernel, self._backend = dispatch.kernel("step", "auto", backend, xp)
+        needs = dispatch.needed(decay=decay, log_gate=self._gated or None,
+                                unnormalized=not self._normalize)
+        if needs and self._compensated:
+            raise ValueError("compensated=True does not take a decay, gated=True or "
+                             "normalize=False: Kahan's sums add, a decay also multiplies")
+        kernel, self._backend = dispatch.kernel("step", "auto", backend, xp, needs=needs)
         self._fused = dispatch.fuses(kernel, self._phi)
         self._step_into = (kernel.step_into_compensated if self._compensated
                            else kernel.step_into)     # (phi_q, phi_k, v, *state, out, eps)
@@ -97,6 +115,9 @@ class Recurrence:
         self._xp, self._eps = xp, dtype.type(eps)         # eps in the state's dtype
         self._qk_shape, self._v_shape = (*lead, d), (*lead, m)
         self._state = zero_state(lead, f, m, dtype, xp, self._compensated)
+        self._gate = _gates.step_gate(decay, None, xp.zeros((*lead, f), dtype=dtype))
+        if needs and self._gate is None:                 # normalize=False or gated alone
+            self._gate = xp.zeros((*lead, f), dtype=dtype)
         start = _checks.check_state(initial_state, (*lead, f, m), dtype, xp, self.compensated,
                                     name="initial_state")
         for a, given in zip(self._state, start or ()):
@@ -113,7 +134,7 @@ class Recurrence:
                            doc="Whether the state is added by Kahan's compensated summation.")
     backend = property(lambda self: self._backend, doc="The backend that computes a step.")
 
-    def step(self, q_t, k_t, v_t):
+    def step(self, q_t, k_t, v_t, log_gate_t=None):
         """One token: update the state in place, Eq. (18)-(19), and read it out, Eq. (20).
 
         Parameters
@@ -121,6 +142,8 @@ class Recurrence:
         q_t, k_t : ndarray, shape (*lead_shape, D)
         v_t : ndarray, shape (*lead_shape, M)
             Arrays of the constructor's dtype and array module; any strides.
+        log_gate_t : ndarray, shape broadcasting to (*lead_shape, F)
+            This token's log gate g_t <= 0; required with ``gated=True``, refused without.
 
         Returns
         -------
@@ -142,12 +165,28 @@ class Recurrence:
             q_t, k_t, v_t = _checks.check_recurrence_step(q_t, k_t, v_t, self._qk_shape,
                                                           self._v_shape, dtype, self._xp)
         out = self._xp.empty(self._v_shape, dtype)
-        if self._fused:                  # raw q_t and k_t: the kernel applies elu+1
+        if self._gate is not None:
+            self._step_into(self._phi.forward(q_t), self._phi.forward(k_t), v_t,
+                            *self._state, out, self._eps, self._step_gate(log_gate_t),
+                            self._normalize)
+        elif log_gate_t is not None:
+            raise ValueError("log_gate_t needs a Recurrence built with gated=True")
+        elif self._fused:                  # raw q_t and k_t: the kernel applies elu+1
             self._step_into(q_t, k_t, v_t, *self._state, out, self._eps, True)
         else:
             self._step_into(self._phi.forward(q_t), self._phi.forward(k_t), v_t,
                             *self._state, out, self._eps)
         return out
+
+    def _step_gate(self, log_gate_t):
+        """This step's log gate: the decay's, plus ``log_gate_t`` when gated."""
+        if self._gated != (log_gate_t is not None):
+            raise ValueError("a Recurrence built with gated=True takes log_gate_t at every "
+                             "step, and one built without takes none")
+        if log_gate_t is None:
+            return self._gate
+        return self._gate + _checks.check_log_gate(log_gate_t, self._gate.shape, self._dtype,
+                                                   self._xp, name="log_gate_t")
 
     @property
     def state(self):

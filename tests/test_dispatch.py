@@ -73,7 +73,9 @@ def test_auto_skips_a_module_without_an_option_and_a_named_backend_says_which(mo
     # NumPy's blocks with it: take it from NumPy's; the recurrent form nowhere
     assert "key_mask" in numpy_chunked.SUPPORTS
     monkeypatch.setattr(numpy_recurrent, "SUPPORTS", frozenset({"non_causal"}))
-    for name in ("chunked", "loops"):
+    monkeypatch.setattr(importlib.import_module("linattn.forms.decay_recurrent"), "SUPPORTS",
+                        frozenset({"non_causal"}))       # the gated running sums after it
+    for name in ("chunked", "loops", "decay_loops"):
         monkeypatch.setattr(importlib.import_module(f"linattn.numba_cpu.{name}"), "SUPPORTS",
                             frozenset({"non_causal"}))
     needs = dispatch.needed(causal=True, key_mask=True)

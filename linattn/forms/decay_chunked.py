@@ -1,0 +1,122 @@
+"""Decayed and gated causal linear attention in blocks, in log space: ``chunked`` of
+Katharopoulos et al. (2020), arXiv:2006.16236, with the gates of ``decay`` (RetNet's scalar
+decay, Sun et al. 2023, section 2.2 "chunkwise"; GLA's gate, Yang et al. 2023, section 4).
+
+For a block of C positions starting after position t0, let c_i = b_i - b_t0 be the log
+gates cumulated from the block's start (<= 0), and S_blk the state entering it. Then
+
+    num_i = sum_{j in block, j <= i} sum_f phi_q_if phi_k_jf exp(c_if - c_jf) v_j   (intra)
+            + (phi_q_i * exp(c_i))^T S_blk                                         (inter)
+    S_next = diag(exp(c_last)) S_blk + sum_{j in block} diag(exp(c_last - c_j)) phi_k_j v_j^T
+
+Every exponent is <= 0: c_i - c_j only for j <= i (masked before the exp), c_i, and
+c_last - c_j. So float32 stays finite for any N and any decay (N = 65536 at gamma = 0.5 or
+g = -5 is tested); a strong decay only underflows old terms to 0, which is their value.
+The blocks' states are a Python loop over N / C blocks; the rest are batched products.
+This is ``method="chunked"`` with a decay, a log gate or without the normaliser.
+Oracle: ``decay.product``.
+"""
+from .._checks import array_module
+from .chunked import _blocks, _unblocks
+from .decay import decays, gated, gated_backward
+
+FUSED_FEATURE_MAPS = ()  # every feature map is applied before the kernel
+SUPPORTS = frozenset({"non_causal", "key_mask", "initial_state", "return_state", "decay",
+                      "log_gate", "unnormalized"})  # dispatch; gates causal only
+
+DEFAULT_CHUNK_SIZE = 32
+
+
+def _parts(phi_q, phi_k, v, g, chunk_size):
+    """The blocks (..., B, C, F|W) of phi_q, phi_k, v; c (..., B, C, F), the log gates
+    cumulated within each block; the intra-block decays E (..., B, C, C, F); and
+    exp(c_last - c_j) (..., B, C, F). Padding positions have g = 0 and phi_k = v = 0."""
+    xp = array_module(v)
+    q, k, vb, gb = (_blocks(x, chunk_size) for x in (phi_q, phi_k, v, g))
+    c = xp.cumsum(gb, axis=-2)                                   # c_i = b_i - b_t0 <= 0
+    e = decays(c, c)                                             # exp(c_i - c_j), j <= i
+    to_end = xp.exp(c[..., -1:, :] - c)                          # exp(c_last - c_j) <= 1
+    return q, k, vb, c, e, to_end
+
+
+def product(phi_q, phi_k, v, g, s0=None, chunk_size=DEFAULT_CHUNK_SIZE):
+    """num (..., N, W) and the final state S_N (..., F, W) of ``decay.product``, in blocks
+    of ``chunk_size`` positions. Cost: O(N C (F + W) + N F W) time, O(N C F) memory for the
+    intra-block decays, O(N F W / C) for the blocks' states."""
+    xp = array_module(v)
+    n = v.shape[-2]
+    q, k, vb, c, e, to_end = _parts(phi_q, phi_k, v, g, chunk_size)
+    intra = xp.einsum("...bif,...bjf,...bijf->...bij", q, k, e) @ vb   # (..., B, C, W)
+    kv = (k * to_end).swapaxes(-1, -2) @ vb                      # (..., B, F, W): block's add
+    total = xp.exp(c[..., -1, :])                                # (..., B, F): exp(c_last)
+    s = (xp.zeros((*v.shape[:-2], phi_k.shape[-1], v.shape[-1]), dtype=v.dtype)
+         if s0 is None else s0)
+    states = xp.empty_like(kv)                                   # S_blk, entering each block
+    for blk in range(kv.shape[-3]):
+        states[..., blk, :, :] = s
+        s = total[..., blk, :, None] * s + kv[..., blk, :, :]     # S_next
+    inter = (q * xp.exp(c)) @ states                             # (..., B, C, W)
+    return _unblocks(intra + inter, n), s
+
+
+def product_backward(dnum, phi_q, phi_k, v, g, s0=None, dfinal=None,
+                     chunk_size=DEFAULT_CHUNK_SIZE):
+    """Backward of ``product``: (dphi_q, dphi_k, dv, dS0 or None).
+
+    Intra-block as ``decay.product_backward`` (dA_ij = dnum_i . v_j, weighted by E_ijf).
+    With G_blk = dL/dS_next of a block (from the next block, or ``dfinal`` after the last),
+    G entering = diag(exp(c_last)) G_blk + sum_i (phi_q_i * exp(c_i)) dnum_i^T (a reverse
+    loop over blocks); inter terms: dphi_q_i += exp(c_i) * (S_blk dnum_i),
+    dphi_k_j += exp(c_last - c_j) * (G_blk v_j), dv_j += (phi_k_j * exp(c_last - c_j))^T G_blk;
+    dS0 is G entering the first block.
+    """
+    xp = array_module(v)
+    n = v.shape[-2]
+    q, k, vb, c, e, to_end = _parts(phi_q, phi_k, v, g, chunk_size)
+    do = _blocks(dnum, chunk_size)
+    a = xp.einsum("...bif,...bjf,...bijf->...bij", q, k, e)      # (..., B, C, C)
+    da = do @ vb.swapaxes(-1, -2)                                # E masks j > i
+    dq = xp.einsum("...bij,...bjf,...bijf->...bif", da, k, e)
+    dk = xp.einsum("...bij,...bif,...bijf->...bjf", da, q, e)
+    dv = a.swapaxes(-1, -2) @ do
+    k_end = k * to_end                                           # phi_k_j exp(c_last - c_j)
+    q_start = q * xp.exp(c)                                      # phi_q_i exp(c_i)
+    kv = k_end.swapaxes(-1, -2) @ vb                             # (..., B, F, W)
+    qdo = q_start.swapaxes(-1, -2) @ do                          # (..., B, F, W)
+    total = xp.exp(c[..., -1, :])                                # (..., B, F)
+    shape = (*v.shape[:-2], phi_k.shape[-1], v.shape[-1])
+    s = xp.zeros(shape, dtype=v.dtype) if s0 is None else s0
+    states = xp.empty_like(kv)
+    for blk in range(kv.shape[-3]):                              # forward: S_blk
+        states[..., blk, :, :] = s
+        s = total[..., blk, :, None] * s + kv[..., blk, :, :]
+    adj = xp.zeros(shape, dtype=v.dtype) if dfinal is None else dfinal
+    after = xp.empty_like(kv)                                    # G_blk = dL/dS_next
+    for blk in reversed(range(kv.shape[-3])):                    # backward over blocks
+        after[..., blk, :, :] = adj
+        adj = total[..., blk, :, None] * adj + qdo[..., blk, :, :]
+    dq = dq + xp.exp(c) * (do @ states.swapaxes(-1, -2))
+    dk = dk + to_end * (vb @ after.swapaxes(-1, -2))
+    dv = dv + k_end @ after
+    return (_unblocks(dq, n), _unblocks(dk, n), _unblocks(dv, n),
+            None if s0 is None else adj)
+
+
+def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=DEFAULT_CHUNK_SIZE, log_gate=None,
+           normalize=True, key_mask=None, initial_state=None, return_state=False):
+    """Gated causal linear attention in blocks of ``chunk_size``; arguments and result as
+    ``decay.attend``. Cost: O(N C (F + M) + N F M) time."""
+    return gated(product, phi_q, phi_k, v, eps=eps, log_gate=log_gate, normalize=normalize,
+                 key_mask=key_mask, initial_state=initial_state, return_state=return_state,
+                 causal=causal, chunk_size=chunk_size)
+
+
+def attend_backward(dout, phi_q, phi_k, v, *, causal, eps, chunk_size=DEFAULT_CHUNK_SIZE,
+                    log_gate=None, normalize=True, key_mask=None, initial_state=None,
+                    dstate=None):
+    """Backward of ``attend``: (dphi_q, dphi_k, dv, dlog_gate), and State(dS0, dz0) when
+    ``initial_state`` is given."""
+    return gated_backward(product, product_backward, dout, phi_q, phi_k, v, eps=eps,
+                          log_gate=log_gate, normalize=normalize, key_mask=key_mask,
+                          initial_state=initial_state, dstate=dstate, causal=causal,
+                          chunk_size=chunk_size)
