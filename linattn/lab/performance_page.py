@@ -21,6 +21,7 @@ import pathlib
 import numpy as np
 
 from .. import dispatch, threads
+from . import isa
 from .figures import fitted_slope, read_csv
 from .measure import crossover_n
 
