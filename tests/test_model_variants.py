@@ -179,11 +179,12 @@ def test_gate_width_follows_the_feature_map():
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_command_line_trains_and_generates(variant, tmp_path):
+def test_command_line_trains_and_generates(variant, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", "copy", "--attention", variant, "--length", "3", "--d-model", "8",
                  "--n-layers", "1", "--n-heads", "2", "--d-mlp", "8", "--batch-size", "2",
                  "--steps", "2", "--eval-every", "2", "--out", str(out), "--quiet"]) == 0
+    assert "runs on the reference path" in capsys.readouterr().err
     ckpt = load_checkpoint(out / "checkpoint.npz")
     assert ckpt.config.attention == variant
     assert main(["generate", "--checkpoint", str(out / "checkpoint.npz"), "--n", "2",
