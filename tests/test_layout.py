@@ -82,7 +82,8 @@ def test_only_dispatch_reaches_a_backend(name, path):
 # the reference model a student reads: none of it may reach the compiled path, which only
 # ``linattn.model.paths`` chooses
 REFERENCE = ("linattn.model.layers", "linattn.model.attention", "linattn.model.transformer",
-             "linattn.model.optim", "linattn.model.token_step", "linattn.model.prefill")
+             "linattn.model.optim", "linattn.model.token_step", "linattn.model.prefill",
+             "linattn.model.variants")
 FAST = "linattn.model.fast"
 
 

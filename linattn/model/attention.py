@@ -22,6 +22,10 @@ positions: its default bucket count, 2 ceil(N / C), follows the width of the cal
 one padded call a sequence would be hashed as it is not alone. Either way padded positions
 never reach real ones, since attention is the only layer that mixes positions.
 
+The causal variants beyond the paper ("decay", "gated", "delta") attend by
+``model.variants``: a decay per head, or a gate or write strength read from the layer's
+input x by a projection of its own, its gradient carried back to x and to its weights.
+
 Heads are laid out (batch, heads, N, d_head), so the core functions see leading axes only.
 Reference: the core's own oracles; the layer's backward is held to finite differences in
 tests/test_model_attention.py. This layer is the reference of the compiled path's
@@ -34,6 +38,8 @@ import numpy as np
 from ..linear import linear_attention, linear_attention_backward
 from ..lsh import lsh_attention, lsh_attention_backward
 from ..softmax import softmax_attention, softmax_attention_backward
+from . import variants
+from .config import VARIANTS
 from .layers import linear, linear_backward
 
 PROJECTIONS = ("q", "k", "v", "o")
@@ -47,12 +53,16 @@ class AttentionCache(NamedTuple):
         The projected inputs, split into heads (k is None for LSH: q is shared).
     heads : ndarray, shape (B, N, d_model) (the compiled path keeps (B N, d_model))
         The heads' outputs concatenated: the input of the output projection.
+    gate : ndarray or None
+        The variants' pre-activation (``variants.gate_input``); None for the paper's
+        attentions.
     """
 
     q: object
     k: object
     v: object
     heads: object
+    gate: object = None
 
 
 def split_heads(x, n_heads):
@@ -162,7 +172,8 @@ def attention(p, x, cfg, lengths=None):
     Parameters
     ----------
     p : dict
-        ``wq, wk, wv, wo`` (d_model, d_model) and ``bq, bk, bv, bo`` (d_model,).
+        ``wq, wk, wv, wo`` (d_model, d_model) and ``bq, bk, bv, bo`` (d_model,), and the
+        variant's own (``variants.init_variant``).
     x : ndarray, shape (B, N, d_model)
     cfg : ModelConfig
     lengths : sequence of int, optional
@@ -177,8 +188,20 @@ def attention(p, x, cfg, lengths=None):
     """
     q, k, v = (None if n == "k" and cfg.attention == "lsh"  # LSH: q is also the keys
                else split_heads(linear(x, p["w" + n], p["b" + n]), cfg.n_heads) for n in "qkv")
-    heads = merge_heads(attend(q, k, v, cfg, lengths))   # (B, N, d_model)
-    return linear(heads, p["wo"], p["bo"]), AttentionCache(q, k, v, heads)
+    a = None
+    if cfg.attention in VARIANTS:          # decay, gate or beta: from x, or a parameter
+        _no_padding(cfg, lengths)
+        a = variants.gate_input(p, x, cfg)
+        heads = merge_heads(variants.attend(q, k, v, a, cfg))
+    else:
+        heads = merge_heads(attend(q, k, v, cfg, lengths))   # (B, N, d_model)
+    return linear(heads, p["wo"], p["bo"]), AttentionCache(q, k, v, heads, a)
+
+
+def _no_padding(cfg, lengths):
+    if lengths is not None:
+        raise ValueError(f"{cfg.attention} attention is a causal decoder's: it takes no "
+                         f"padded batch (lengths)")
 
 
 def attention_backward(dy, p, x, cache, cfg, lengths=None):
@@ -188,13 +211,20 @@ def attention_backward(dy, p, x, cache, cfg, lengths=None):
     -------
     dx : ndarray, shape (B, N, d_model)
     grads : dict
-        Gradients of ``wq, bq, ..., wo, bo``, shaped like ``p``.
+        Gradients of ``wq, bq, ..., wo, bo`` (and the variant's parameters), shaped like
+        ``p``.
     """
     grads = {}
     dheads, grads["wo"], grads["bo"] = linear_backward(dy, cache.heads, p["wo"], p["bo"])
     dout = split_heads(dheads, cfg.n_heads)                   # (B, H, N, d_head)
-    dqkv = attend_backward(dout, cache.q, cache.k, cache.v, cfg, lengths)
     dx = 0
+    if cfg.attention in VARIANTS:
+        _no_padding(cfg, lengths)
+        *dqkv, da = variants.attend_backward(dout, cache.q, cache.k, cache.v, cache.gate, cfg)
+        dx, gate_grads = variants.gate_input_backward(da, p, x, cfg)
+        grads.update(gate_grads)
+    else:
+        dqkv = attend_backward(dout, cache.q, cache.k, cache.v, cfg, lengths)
     for name, dh in zip("qkv", dqkv):
         if dh is None:                                        # LSH: W_K unused
             grads["w" + name], grads["b" + name] = (np.zeros_like(p["w" + name]),

@@ -22,7 +22,7 @@ from .._cli_types import (Parser, new_file, non_negative_float, non_negative_int
                           positive_float, positive_int)
 from ..feature_maps import FEATURE_MAPS
 from .checkpoint import CheckpointError, load_checkpoint
-from .config import ATTENTIONS, ModelConfig, check_config
+from .config import ATTENTIONS, VARIANTS, ModelConfig, check_config
 from .generate import METHODS, generate
 from .optim import AdamConfig
 from .tasks import batch_rng, load_digits
@@ -74,7 +74,8 @@ def _train_parser():
     _run_options(ap)
     ap.add_argument("--path", choices=("lean", "reference"), default="lean",
                     help="lean: compiled elementwise layers (the default); reference: the "
-                         "NumPy layers, the same numbers up to rounding, slower")
+                         "NumPy layers, the same numbers up to rounding, slower (always "
+                         f"for {', '.join(VARIANTS)})")
     return ap
 
 
@@ -221,6 +222,9 @@ def train_main(argv=None):
     print(f"training {cfg.attention} attention on {args['task']} "
           f"({cfg.n_layers} layers, {cfg.n_heads} heads of {cfg.d_head}, N = {task.seq_len})"
           f" -> {out}", file=sys.stderr)
+    if cfg.attention in VARIANTS and args["path"] == "lean":
+        print(f"{cfg.attention} attention runs on the reference path (the compiled path has "
+              f"none of {', '.join(VARIANTS)})", file=sys.stderr)
     params, _ = run(cfg, task, train_cfg, adam, out_dir=out, resume=args["resume"],
                     progress=not args["quiet"], meta={"train_args": args},
                     keep_freed_memory=True)

@@ -3,7 +3,9 @@
 The architecture is the decoder-only transformer of Katharopoulos et al. (2020),
 arXiv:2006.16236, section 3.1 (Eq. 1): L pre-norm blocks of attention and an MLP, with the
 attention either softmax (Eq. 2, causal mask of Eq. 8), causal linear (Eq. 9) or the
-paper's second baseline, Reformer (LSH) attention (``linattn.lsh``). With ``causal=False``
+paper's second baseline, Reformer (LSH) attention (``linattn.lsh``); or one of three
+causal variants beyond the paper (``model.variants``): a learned decay, GLA's gates, the
+delta rule. With ``causal=False``
 the same blocks form the non-causal encoder of the speech experiment (section 4.3): softmax
 Eq. (2) without the mask, linear attention Eq. (5), LSH without its mask.
 """
@@ -13,7 +15,9 @@ from typing import NamedTuple
 from ..feature_maps import FEATURE_MAPS
 from .layers import ACTIVATIONS
 
-ATTENTIONS = ("linear", "softmax", "lsh")
+# the causal variants beyond the paper (``model.variants``): decoders only, reference path
+VARIANTS = ("decay", "gated", "delta")
+ATTENTIONS = ("linear", "softmax", "lsh", *VARIANTS)
 POSITIONS = ("sinusoidal", "learned")
 DTYPES = ("float32", "float64")
 # fields added after checkpoints were first written: a saved config without them gets these
@@ -27,7 +31,11 @@ class ModelConfig(NamedTuple):
     max_len : longest sequence the model may see (learned positions need it; generation
         checks it).
     d_model, n_layers, n_heads, d_mlp : widths and depth; d_model must divide by n_heads.
-    attention : "linear", "softmax" or "lsh" (Reformer, shared QK: the q projection).
+    attention : "linear", "softmax" or "lsh" (Reformer, shared QK: the q projection), or
+        a causal variant beyond the paper (``model.variants``, reference path only):
+        "decay" (linear attention whose state decays by a learned gamma_h = sigmoid(a_h)
+        per head), "gated" (GLA's per-position, per-feature gate from the layer's input)
+        or "delta" (the delta rule, write strength beta from the layer's input).
     feature_map : phi of linear attention, a name from ``linattn.feature_maps.FEATURE_MAPS``.
     activation : the MLP's nonlinearity, "gelu" or "relu".
     positions : "sinusoidal" (fixed) or "learned" position embeddings.
@@ -100,4 +108,7 @@ def check_config(cfg):
     _choice(cfg, "dtype", DTYPES)
     if not isinstance(cfg.causal, bool):
         raise ValueError(f"ModelConfig.causal must be True or False, got {cfg.causal!r}")
+    if cfg.attention in VARIANTS and not cfg.causal:
+        raise ValueError(f"ModelConfig.attention {cfg.attention!r} is causal only (its state "
+                         f"is carried forward in time): it needs causal=True")
     return cfg

@@ -3,7 +3,10 @@ arXiv:2006.16236.
 
 - ``"recurrent"`` (linear models): the transformer as an RNN. Each layer and head carries
   its state (S, z) of the RNN, Eq. (16)-(20); a new token costs one RNN step per layer,
-  O(d_model^2 + d_model d_head) time and constant memory, whatever its position.
+  O(d_model^2 + d_model d_head) time and constant memory, whatever its position. The
+  variants beyond the paper ("decay", "gated", "delta", ``model.variants``) are RNNs too:
+  the decayed or gated state (S, z), or the delta rule's memory S; they generate on the
+  reference path (``model.paths``).
 - ``"cache"`` (softmax models): keys and values of earlier positions are kept, and the new
   query attends to them: O(t d_model) time and memory at position t.
 - ``"recompute"`` (any attention): the whole prefix goes through ``transformer.forward``
@@ -29,6 +32,7 @@ float64 and the same tokens, greedy or sampled.
 import numpy as np
 
 from . import paths
+from .config import VARIANTS
 from .token_step import KVCache, step  # noqa: F401  (the reference step, read there)
 from .transformer import forward
 
@@ -54,12 +58,13 @@ def _resolve(method, cfg):
     if method not in METHODS:
         raise ValueError(f"unknown generation method {method!r}; valid: {', '.join(METHODS)}")
     if method == "auto":
-        return {"linear": "recurrent", "softmax": "cache"}.get(cfg.attention, "recompute")
-    fits = {"recurrent": "linear", "cache": "softmax"}.get(method, cfg.attention)
-    if fits != cfg.attention:
+        return {"softmax": "cache", "lsh": "recompute"}.get(cfg.attention, "recurrent")
+    fits = {"recurrent": ("linear", *VARIANTS), "cache": ("softmax",)}.get(
+        method, (cfg.attention,))
+    if cfg.attention not in fits:
         raise ValueError(f"method {method!r} does not apply to {cfg.attention} attention: "
-                         "use 'recurrent' for linear, 'cache' for softmax, or 'recompute' "
-                         "(the only form for lsh)")
+                         f"use 'recurrent' for {', '.join(('linear', *VARIANTS))}, 'cache' "
+                         "for softmax, or 'recompute' (the only form for lsh)")
     return method
 
 
@@ -73,8 +78,8 @@ def generate(params, cfg, prompt, n_new, *, method="auto", temperature=0.0, seed
     prompt : ndarray of int, shape (B, P), P >= 1
     n_new : int
     method : {"auto", "recurrent", "cache", "recompute"}
-        "auto" is "recurrent" for linear attention, "cache" for softmax and "recompute"
-        for lsh.
+        "auto" is "recurrent" for linear attention and the variants beyond the paper,
+        "cache" for softmax and "recompute" for lsh.
     temperature : float
         0 decodes greedily; otherwise tokens are sampled from softmax(logits / temperature).
     seed : int
@@ -92,7 +97,7 @@ def generate(params, cfg, prompt, n_new, *, method="auto", temperature=0.0, seed
     and "cache" read the prompt first by one parallel forward over its P - 1 first positions.
     """
     method = _resolve(method, cfg)
-    next_logits = paths.resolve(path).next_logits
+    next_logits = paths.resolve(path, cfg).next_logits
     prompt = np.asarray(prompt)
     if prompt.ndim != 2 or prompt.shape[1] < 1 or prompt.dtype.kind not in "iu":
         raise ValueError(f"prompt must be integer ids of shape (B, P >= 1), got "

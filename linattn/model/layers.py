@@ -126,6 +126,31 @@ def relu_backward(dy, x):
 ACTIVATIONS = {"gelu": (gelu, gelu_backward), "relu": (relu, relu_backward)}
 
 
+def sigmoid(x):
+    """1 / (1 + exp(-x)), elementwise, computed from exp(-|x|) so it cannot overflow.
+    Cost: O(size(x))."""
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def sigmoid_backward(dy, x):
+    """Gradient of ``sigmoid``: dy * s (1 - s), s = sigmoid(x). Returns (dx,)."""
+    s = sigmoid(x)
+    return (dy * s * (1 - s),)
+
+
+def log_sigmoid(x):
+    """log sigmoid(x) = min(x, 0) - log(1 + exp(-|x|)), elementwise, <= 0 and finite for
+    every finite x. Cost: O(size(x))."""
+    return np.minimum(x, 0) - np.log1p(np.exp(-np.abs(x)))
+
+
+def log_sigmoid_backward(dy, x):
+    """Gradient of ``log_sigmoid``: d/dx log sigmoid(x) = 1 - sigmoid(x) = sigmoid(-x), so
+    dx = dy * sigmoid(-x). Returns (dx,)."""
+    return (dy * sigmoid(-x),)
+
+
 def embedding(ids, table):
     """Row lookup: out[..., :] = table[ids[...], :].
 

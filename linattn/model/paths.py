@@ -17,11 +17,17 @@ Eq. (2)-(9)), is computed by one of two paths, the same functions up to rounding
 ``TrainConfig(path=...)``, ``generate(..., path=...)`` and the functions below take the
 name; ``resolve`` turns it into the path's functions. Nothing else in the model imports
 ``model.fast``.
+
+The attentions beyond the paper (``config.VARIANTS``: "decay", "gated", "delta") exist on the
+reference path only: ``resolve(path, cfg)`` gives a model with one of them the reference's
+functions whatever ``path`` names (Adam, which reads no config, stays on the compiled pass),
+and the compiled functions refuse such a config with a ValueError if called directly.
 """
 from typing import Callable, NamedTuple
 
 from . import optim, token_step, transformer
 from .fast import lean, token_loop
+from .config import VARIANTS
 from .fast import optim as fast_optim
 from .layers import cross_entropy, cross_entropy_backward
 
@@ -47,8 +53,12 @@ class Path(NamedTuple):
     block_backward: Callable
 
 
-def resolve(path):
-    """The functions of ``path``, "lean" or "reference"; else a ValueError naming both."""
+def resolve(path, cfg=None):
+    """The functions of ``path``, "lean" or "reference"; else a ValueError naming both.
+    With ``cfg`` a model whose attention the compiled path lacks (``config.VARIANTS``) gets
+    the reference's model functions on either path, and the compiled Adam on "lean"."""
+    if path == "lean" and cfg is not None and cfg.attention in VARIANTS:
+        return resolve("reference")._replace(adam_update=fast_optim.adam_update)
     if path == "lean":
         return Path(lean.forward, lean.backward, fast_optim.adam_update,
                     token_loop.next_logits, lean.block, lean.block_backward)
@@ -80,7 +90,7 @@ def loss_and_grads(params, cfg, ids, targets, weights=None, path="lean"):
 
     Cost: a forward and a backward, about three forwards.
     """
-    run = resolve(path)
+    run = resolve(path, cfg)
     logits, cache = run.forward(params, cfg, ids)
     loss = cross_entropy(logits, targets, weights)
     (dlogits,) = cross_entropy_backward(1.0, logits, targets, weights)

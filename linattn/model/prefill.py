@@ -13,13 +13,17 @@ the prompt, the attention by ``linattn.linear_attention(..., causal=True,
 return_state=True)`` or causal ``linattn.softmax_attention``, and keeps each layer's memory.
 The last block's attention output and MLP are not computed: no memory depends on them.
 Both generation paths start from it (``token_step.next_logits``, ``fast.token_loop``).
+The variants beyond the paper read the prompt the same way (``variants.attend`` with
+``return_state=True``): the decayed or gated state (S, z), or the delta rule's memory S.
 Reference: stepping through the prompt a token at a time (``token_step.step``);
 tests/test_model_generate.py holds the memories to it in float64, and the generated tokens
 to its tokens.
 """
 from ..linear import linear_attention
 from ..softmax import softmax_attention
+from . import variants
 from .attention import merge_heads, split_heads
+from .config import VARIANTS
 from .layers import layer_norm, linear
 from .transformer import block_params, embed, mlp
 
@@ -29,14 +33,14 @@ def read_prompt(params, cfg, ids):
 
     Parameters
     ----------
-    params : dict, cfg : ModelConfig (causal, linear or softmax attention)
+    params : dict, cfg : ModelConfig (causal; linear, softmax or a variant's attention)
     ids : ndarray of int, shape (B, P), P >= 1
 
     Returns
     -------
     memories : tuple, one per layer: ``State(S, z)`` of the RNN, S (B, H, F, d_head) and z
-        (B, H, F) (linear attention), or the keys and values (k, v), (B, H, P, d_head) each
-        (softmax).
+        (B, H, F) (linear attention, "decay", "gated"), S (B, H, F, d_head) ("delta"), or
+        the keys and values (k, v), (B, H, P, d_head) each (softmax).
 
     Cost: O(L B P d_model (d_model + d_mlp)) plus the attention, O(L B P d_model d_head)
     for linear, O(L B P^2 d_model) for softmax: the parallel forward, in a few calls per
@@ -49,7 +53,11 @@ def read_prompt(params, cfg, ids):
         h = layer_norm(x, p["ln1_g"], p["ln1_b"])
         q, k, v = (split_heads(linear(h, p["w" + n], p["b" + n]), cfg.n_heads)
                    for n in "qkv")                               # (B, H, P, d_head)
-        if cfg.attention == "linear":
+        if cfg.attention in VARIANTS:
+            # the decayed or gated state, or the delta rule's memory, after the prompt
+            out, memory = variants.attend(q, k, v, variants.gate_input(p, h, cfg), cfg,
+                                          return_state=True)
+        elif cfg.attention == "linear":
             # Eq. (9) for every position, and the state after the last: (S_P, z_P)
             out, memory = linear_attention(q, k, v, causal=True, feature_map=cfg.feature_map,
                                            return_state=True)

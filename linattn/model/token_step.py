@@ -9,7 +9,9 @@ NumPy layers and the library's public attention (``linear_attention_step``, Eq. 
 that ``prefill.read_prompt`` reads in one parallel pass per layer. The compiled path
 computes the
 same (``model.fast.token_loop``); tests/test_model_generate.py holds the two together, and
-both to recomputing the parallel form (``transformer.forward``).
+both to recomputing the parallel form (``transformer.forward``). The variants beyond the
+paper step by ``variants.step`` (``linear_attention_step`` with the decay or the gate,
+``delta_rule_step``), on this path only.
 """
 from typing import NamedTuple
 
@@ -17,7 +19,9 @@ import numpy as np
 
 from ..linear import linear_attention_step
 from ..softmax import softmax_attention
+from . import variants
 from .attention import merge_heads, split_heads
+from .config import VARIANTS
 from .layers import layer_norm, linear
 from .prefill import read_prompt
 from .transformer import block_params, embed, mlp
@@ -33,9 +37,16 @@ class KVCache(NamedTuple):
 
 def _attend_one(p, h, cfg, memory, t):
     """Attention output for position t alone: h (B, 1, d_model) -> (B, 1, d_model), and the
-    updated memory (a ``State`` for linear attention, a ``KVCache`` for softmax)."""
+    updated memory (a ``State`` for linear attention, a ``KVCache`` for softmax, the
+    variant's state for the others)."""
     q, k, v = (split_heads(linear(h, p["w" + n], p["b" + n]), cfg.n_heads) for n in "qkv")
-    if cfg.attention == "linear":
+    if cfg.attention in VARIANTS:
+        # this position's decay, gate or write strength, then one step of the variant's RNN
+        a = variants.gate_input(p, h, cfg)
+        a_t = a if cfg.attention == "decay" else a[:, :, 0]
+        out, memory = variants.step(q[:, :, 0], k[:, :, 0], v[:, :, 0], a_t, memory, cfg)
+        out = out[:, :, None, :]                                  # (B, H, 1, d_head)
+    elif cfg.attention == "linear":
         # Eq. (18)-(20): S_t = S_{t-1} + phi(k_t) v_t^T, z_t = z_{t-1} + phi(k_t), readout
         out, memory = linear_attention_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], memory,
                                             feature_map=cfg.feature_map)
@@ -55,7 +66,8 @@ def step(params, cfg, tokens, t, memories):
     ----------
     tokens : ndarray of int, shape (B,)
     t : int, the position of ``tokens``
-    memories : tuple, one per layer: ``State`` or None (linear), ``KVCache`` (softmax)
+    memories : tuple, one per layer: ``State`` or None (linear, "decay", "gated"), S or
+        None ("delta"), ``KVCache`` (softmax)
 
     Returns
     -------
@@ -76,9 +88,9 @@ def step(params, cfg, tokens, t, memories):
 
 def empty_memories(cfg, b, n_positions):
     """``step``'s memories before the first token, for b sequences of up to n_positions:
-    None per layer for linear attention (S_0 = 0, z_0 = 0, Eq. 16-17), or an empty
-    ``KVCache`` per layer for softmax."""
-    if cfg.attention == "linear":
+    None per layer for linear attention and the variants (S_0 = 0, z_0 = 0, Eq. 16-17), or
+    an empty ``KVCache`` per layer for softmax."""
+    if cfg.attention != "softmax":
         return (None,) * cfg.n_layers
     shape = (b, cfg.n_heads, n_positions, cfg.d_head)
     return tuple(KVCache(np.zeros(shape, cfg.dtype), np.zeros(shape, cfg.dtype))
@@ -95,7 +107,7 @@ def prompt_memories(params, cfg, ids, n_positions):
     if n_read == 0:
         return memories
     read = read_prompt(params, cfg, ids)
-    if cfg.attention == "linear":
+    if cfg.attention != "softmax":
         return read
     for memory, (k, v) in zip(memories, read):
         memory.k[:, :, :n_read], memory.v[:, :, :n_read] = k, v

@@ -70,7 +70,7 @@ def evaluate(params, cfg, batches, path="lean"):
     """Teacher-forced loss (nats per counted token) and accuracy (argmax == target) over
     ``batches`` of (ids, targets, weights), weighted by the counted tokens; the logits by
     the forward of ``path`` (``model.paths``)."""
-    forward = resolve(path).forward
+    forward = resolve(path, cfg).forward
     total_loss = total_correct = total_weight = 0.0
     for ids, targets, weights in batches:
         logits, _ = forward(params, cfg, ids)

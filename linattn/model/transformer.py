@@ -21,9 +21,10 @@ from typing import NamedTuple
 import numpy as np
 
 from .attention import PROJECTIONS, attention, attention_backward
-from .config import check_config
+from .config import VARIANTS, check_config
 from .layers import (ACTIVATIONS, embedding, embedding_backward, layer_norm,
                      layer_norm_backward, linear, linear_backward)
+from .variants import init_variant
 
 
 class BlockCache(NamedTuple):
@@ -94,7 +95,9 @@ def init_blocks_and_head(normal, cfg, n_out):
 
 def init_block(normal, cfg):
     """One block's parameters by short name, drawing weights from ``normal(shape, std)``;
-    the scheme of ``init_params``."""
+    the scheme of ``init_params``, and the variant's own beyond the paper
+    (``variants.init_variant``: ``decay_logit``, ``w_gate``, ``b_gate``, ``w_beta`` or
+    ``b_beta``)."""
     d, f = cfg.d_model, cfg.d_mlp
     residual = (2 * cfg.n_layers) ** -0.5
     p = {"ln1_g": np.ones(d), "ln1_b": np.zeros(d),
@@ -104,6 +107,8 @@ def init_block(normal, cfg):
     for name in PROJECTIONS:
         p["w" + name] = normal((d, d), d**-0.5 * (residual if name == "o" else 1))
         p["b" + name] = np.zeros(d)
+    if cfg.attention in VARIANTS:
+        p.update(init_variant(normal, cfg))
     return p
 
 

@@ -8,6 +8,8 @@ heads split in one compiled pass (``fused.heads_from_projections``, and
 (a padded batch in one call, with ``lengths``); and b_O is left to the caller's residual
 add (``fused.add_layer_norm``). LSH shares queries and keys, so its one product has two
 parts, [W_Q W_V].
+The attentions beyond the paper (``config.VARIANTS``) are not here: ``check_compiled``
+refuses them (``model.paths`` sends them to the reference).
 Reference: ``attention.attention`` and ``attention_backward`` (tests/test_model_lean.py
 holds the whole model on this path to the reference's).
 """
@@ -15,6 +17,17 @@ import numpy as np
 
 from . import fused
 from ..attention import AttentionCache, attend, attend_backward, split_heads
+from ..config import VARIANTS
+
+
+def check_compiled(cfg):
+    """``cfg`` if the compiled path computes its attention; a ValueError for the variants
+    beyond the paper, which run on the reference path only."""
+    if cfg.attention in VARIANTS:
+        raise ValueError(f"{cfg.attention} attention runs on the reference path only: the "
+                         f"compiled path has none of {', '.join(VARIANTS)}; pass "
+                         f"path='reference' (model.paths.resolve(path, cfg) does)")
+    return cfg
 
 
 def _projected(cfg):
@@ -49,7 +62,7 @@ def attention_fused(p, x, cfg, lengths=None):
 
     Cost: as ``attention.attention``'s.
     """
-    names = _projected(cfg)
+    names = _projected(check_compiled(cfg))
     b, n, d = x.shape
     proj = x.reshape(-1, d) @ _stacked(p, names, "w")                # (B N, P d_model)
     # the bias added and all heads of all projections split in one pass, (P, B, H, N,
@@ -70,7 +83,7 @@ def attention_fused_backward(dy, p, x, cache, cfg, lengths=None):
     With dP the gradient of the one product's output: dx = dP [W_Q W_K W_V]^T and
     [dW_Q dW_K dW_V] = x^T dP, one product each.
     """
-    names = _projected(cfg)
+    names = _projected(check_compiled(cfg))
     b, n, d = x.shape
     dy2 = dy.reshape(-1, d)
     grads = {"wo": cache.heads.reshape(-1, d).T @ dy2, "bo": dy2.sum(axis=0)}

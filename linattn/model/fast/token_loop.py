@@ -34,6 +34,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import token_kernels as kernels
+from .attention import check_compiled
 from ...recurrence import Recurrence
 from ..prefill import read_prompt
 from ..transformer import block_params, sinusoidal_positions
@@ -234,9 +235,9 @@ def next_logits(params, cfg, tokens, n_prompt=1):
     logits (the caller may write the token it samples at t + 1 in between); the positions
     before, 0..n_prompt-2, are read at once by ``prefill.read_prompt``:
     ``token_step.next_logits`` on the compiled path. Each yielded array is overwritten by
-    the next."""
+    the next. The attentions beyond the paper are refused (``attention.check_compiled``)."""
     b, n = tokens.shape
-    weights = prepare(params, cfg, n - 1)
+    weights = prepare(params, check_compiled(cfg), n - 1)
     buf = buffers(cfg, b, n - 1)
     read = read_prompt(params, cfg, tokens[:, :n_prompt - 1]) if n_prompt > 1 else None
     state = memories(cfg, b, n - 1, read)       # the prompt's, or S_0 = z_0 = 0 / empty
