@@ -1,6 +1,7 @@
 """Decayed and gated causal linear attention in blocks, in log space: ``chunked`` of
 Katharopoulos et al. (2020), arXiv:2006.16236, with the gates of ``decay`` (RetNet's scalar
-decay, Sun et al. 2023, section 2.1, its chunkwise recurrent form; GLA's gate, Yang et al. 2023, section 4).
+decay, Sun et al. 2023, section 2.1, its chunkwise recurrent form; GLA's gate, Yang et al.
+2023, section 4).
 
 For a block of C positions starting after position t0, let c_i = b_i - b_t0 be the log
 gates cumulated from the block's start (<= 0), and S_blk the state entering it. Then
