@@ -1,5 +1,5 @@
 """The paper tier: the experiments of Katharopoulos et al. (2020), arXiv:2006.16236, at the
-paper's proportions, in hours rather than the figures tier's 40 minutes.
+paper's proportions, in hours rather than the figures tier's under one hour.
 
 ``python -m linattn.lab.paper [--out figures] [--config tiny|full] [--only speech,images,copy]``
 (``make paper``) trains every model of ``paper_experiments`` (the copy task at 128
@@ -28,7 +28,7 @@ from .._cli_types import Parser, out_dir, positive_int
 
 EXPERIMENTS = ("copy", "images", "speech")
 
-# The sizes of each experiment: "full" for ``make paper`` (about 4-8 hours on 2 cores, see
+# The sizes of each experiment: "full" for ``make paper`` (about 6-8 hours on 2 cores, see
 # docs/speech.md for how the speech epochs were chosen), "tiny" for the tests (seconds).
 CONFIGS = {
     "full": {

@@ -172,16 +172,18 @@ def _modes(bench, avx2):
     title = "## Head to head as an AVX2-only CPU runs it"
     if bench is None or avx2 is None or not avx2.get("summary"):
         return (f"{title}\n\nNot in this run: `data/avx2/bench.json` is missing "
-                "(`make figures` writes it; `python -m linattn bench --isa avx2` alone).")
+                "(`make figures` writes it; alone: `python -m linattn bench --isa avx2 --out "
+                "figures/data/avx2`).")
     native = dict((q, v) for q, v in bench.get("summary") or [])
-    rows = [[q, _sig(native.get(q)), _sig(v)] for q, v in avx2["summary"]]
+    rows = [[q, _sig(native[q]), _sig(v)] for q, v in avx2["summary"] if q in native]
     labels = [isa.label(b["machine"]["instruction_set"]) if b["machine"].get("instruction_set")
               else "not recorded" for b in (bench, avx2)]
     return (f"{title}\n\nThe same ratios measured twice on this machine, in separate runs: "
             f"as it runs them ({labels[0]}) and with Numba, OpenBLAS and the peers held to "
             f"the AVX2 instruction set ({labels[1]}; peers: {avx2.get('peers_note')}; "
-            f"{avx2['machine'].get('date')}). The AVX2 run has only the head-to-head rounds, "
-            f"at N = {avx2['config'].get('compare_n')}.\n\n"
+            f"{avx2['machine'].get('date')}). The AVX2 run is at N = "
+            f"{avx2['config'].get('compare_n')} only, without the crossover; the rows are the "
+            f"quantities both runs measured.\n\n"
             + _table(["quantity", "native", "AVX2 mode"], rows))
 
 
