@@ -436,8 +436,7 @@ def check_beta(beta, shape, dtype, name="beta"):
     by I - beta k k^T, whose eigenvalue along k is 1 - beta, of size at most 1 only there.
     NaN and inf are passed on (NaN in gives NaN out, as everywhere)."""
     beta = as_float_array(name, beta)
-    if array_module(beta) is not np:
-        check_numpy_only("the delta rule", beta)
+    check_numpy_only("the delta rule", beta)
     if beta.shape != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)} (one strength per position, "
                          f"the leading axes and N of q), got {beta.shape}")

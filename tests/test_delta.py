@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from linattn import delta_rule_attention, delta_rule_attention_backward, delta_rule_step
 from linattn.feature_maps import EluPlusOne
 
-from helpers import random_qkv, relative_error
+from helpers import numerical_parameter_gradients, random_qkv, relative_error
 
 leads = st.sampled_from([(), (2,), (2, 3)])
 seeds = st.integers(0, 2**32 - 1)
@@ -91,22 +91,6 @@ def test_auto_is_chunked():
                                   delta_rule_attention(q, k, v, beta, method="chunked"))
 
 
-def numerical(f, arrays, h=1e-6):
-    grads = []
-    for a in arrays:
-        g = np.zeros_like(a)
-        for idx in np.ndindex(a.shape):
-            old = a[idx]
-            a[idx] = old + h
-            plus = f()
-            a[idx] = old - h
-            minus = f()
-            a[idx] = old
-            g[idx] = (plus - minus) / (2 * h)
-        grads.append(g)
-    return grads
-
-
 @pytest.mark.parametrize("method", ["recurrent", "chunked"])
 @pytest.mark.parametrize("fmap", MAPS + ("taylor",))
 @pytest.mark.parametrize("unit", [True, False])
@@ -125,10 +109,10 @@ def test_backward_matches_finite_differences(method, fmap, unit):
                                       **kw)
         return np.sum(out * dout) + np.sum(S * dS)
 
-    want = numerical(loss, [q, k, v, beta, S0])
+    want = numerical_parameter_gradients(dict(dq=q, dk=k, dv=v, dbeta=beta, dS0=S0), loss)
     got = delta_rule_attention_backward(dout, q, k, v, beta, initial_state=S0, dstate=dS,
                                         **kw)
-    for name, g, w in zip(("dq", "dk", "dv", "dbeta", "dS0"), got, want):
+    for (name, w), g in zip(want.items(), got, strict=True):
         assert g.shape == w.shape, name
         assert relative_error(g, w) < 1e-6, (name, relative_error(g, w))
 
