@@ -121,7 +121,15 @@ _BACKENDS_OF = frozenset((family, backend) for family, _, backend in TABLE)
 # grows with D, then "chunked" (blocks of positions carrying a state, O(N F M)); the bound is
 # lower without the causal mask, whose N^2 products then skip no half. Why these bounds: the
 # two forms' times over N and D as measured, in docs/performance.md.
-def _numba_linear(causal, shape):
+# With a decay, a gate or no normaliser only the running sums are compiled
+# (``numba_cpu.decay_loops``); measured forward + backward on one thread from N = 64 to 4096,
+# they beat NumPy's chunked form several times over, so "auto" keeps to Numba for them.
+GATED = frozenset({"decay", "log_gate", "unnormalized"})
+
+
+def _numba_linear(causal, shape, needs):
+    if needs & GATED:
+        return "recurrent"
     if shape is None:                     # the caller did not say: the form for long N
         return "chunked"
     n, d = shape
@@ -129,13 +137,13 @@ def _numba_linear(causal, shape):
     return "quadratic" if n <= longest else "chunked"
 
 
-# method "auto" on each backend, as a function of causal and the queries' (N, D) (None when
-# the caller does not say)
+# method "auto" on each backend, as a function of causal, the queries' (N, D) (None when
+# the caller does not say) and the options the call needs
 AUTO_METHOD = {
-    ("linear", "numpy"): lambda causal, shape: "chunked" if causal else "linear",
+    ("linear", "numpy"): lambda causal, shape, needs: "chunked" if causal else "linear",
     ("linear", "numba"): _numba_linear,
-    ("linear", "cupy"): lambda causal, shape: "chunked" if causal else "linear",
-    ("delta", "numpy"): lambda causal, shape: "chunked",
+    ("linear", "cupy"): lambda causal, shape, needs: "chunked" if causal else "linear",
+    ("delta", "numpy"): lambda causal, shape, needs: "chunked",
 }
 
 
@@ -190,7 +198,7 @@ def kernel(family, method, backend, xp, causal=False, shape=None, needs=frozense
     for name in _candidates(backend, xp):
         chosen = method
         if method == "auto":
-            chosen = AUTO_METHOD.get((family, name), _only_auto)(causal, shape)
+            chosen = AUTO_METHOD.get((family, name), _only_auto)(causal, shape, needs)
         if (family, chosen, name) not in TABLE:
             continue
         entry = TABLE[family, chosen, name]
@@ -211,7 +219,7 @@ def kernel(family, method, backend, xp, causal=False, shape=None, needs=frozense
                      f"{backend} runs {', '.join(have)}; use backend='numpy' for {method!r}")
 
 
-def _only_auto(causal, shape):
+def _only_auto(causal, shape, needs):
     return "auto"
 
 

@@ -104,8 +104,9 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
     a log gate and ``normalize=False`` run on NumPy's forms ("quadratic": the decayed kernel
     matrix, the oracle; "linear" and "recurrent": the gated running sums; "chunked", "auto":
     blocks in log space, finite in float32 for any N and decay) and on Numba's "linear" and
-    "recurrent" (compiled gated loops); elsewhere "auto" falls back to NumPy and an explicit
-    backend is a ValueError.
+    "recurrent" (compiled gated loops), which method "auto" picks on Numba for them (faster
+    than NumPy's chunked form as measured, ``dispatch.GATED``); an explicit
+    backend or method without them, and CuPy arrays, are a ValueError.
 
     Cost: O(N F M) time and O(N (F + M)) memory for every method but "quadratic"
     (O(N^2 max(F, M)) time, O(N^2) memory); F is the feature map's width.

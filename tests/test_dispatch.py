@@ -89,6 +89,17 @@ def test_auto_skips_a_module_without_an_option_and_a_named_backend_says_which(mo
         dispatch.kernel("linear", "recurrent", "auto", np, True, needs=needs)
 
 
+@pytest.mark.parametrize("option", sorted(dispatch.GATED))
+@pytest.mark.parametrize("shape", [(8, 16), (4096, 64), None])
+def test_auto_runs_a_gate_on_numbas_compiled_loops(option, shape):
+    # without the option the same call takes the blocks; with it, Numba's gated loops
+    needs = dispatch.needed(causal=True, **{option: True})
+    plain, _ = dispatch.kernel("linear", "auto", "auto", np, True, shape)
+    gated, backend = dispatch.kernel("linear", "auto", "auto", np, True, shape, needs)
+    assert plain.__name__ != "linattn.numba_cpu.decay_loops"
+    assert (gated.__name__, backend) == ("linattn.numba_cpu.decay_loops", "numba")
+
+
 @pytest.mark.parametrize("method, causal, want", [
     ("linear", True, "linattn.cuda.cumulative"), ("linear", False, "linattn.forms.cumulative"),
     ("recurrent", False, "linattn.forms.cumulative"), ("chunked", True, "linattn.cuda.chunked"),
@@ -150,7 +161,7 @@ def test_the_public_function_gives_auto_its_shape(monkeypatch):
     seen = []
     rule = dispatch.AUTO_METHOD["linear", "numba"]
     monkeypatch.setitem(dispatch.AUTO_METHOD, ("linear", "numba"),
-                        lambda causal, shape: seen.append(shape) or rule(causal, shape))
+                        lambda causal, shape, needs: seen.append(shape) or rule(causal, shape, needs))
     q = k = v = np.ones((2, 5, 3))
     linattn.linear_attention(q, k, v, causal=True)
     linattn.linear_attention_backward(v, q, k, v, causal=True)
