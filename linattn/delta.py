@@ -116,9 +116,11 @@ def delta_rule_attention(q, k, v, beta, *, feature_map="elu+1", normalize_keys=T
         "recurrent" scans the step (the oracle); "chunked" solves blocks of ``chunk_size``
         positions by the WY representation. "auto" is "chunked".
     backend : {"auto", "numpy", "numba"}
-        "numba" runs "recurrent" as compiled loops (``numba_cpu.delta``, held to NumPy's
-        scan); it has no "chunked", and "auto" runs NumPy's chunked form. "cupy" and CuPy
-        arrays are an error: the family has no CUDA kernel.
+        "numba" runs both methods compiled: "recurrent" as loops (``numba_cpu.delta``, held
+        to NumPy's scan), "chunked" as loops around BLAS products
+        (``numba_cpu.delta_chunked``, held to NumPy's WY form). "auto" is "numba" when
+        numba imports, else "numpy". "cupy" and CuPy arrays are an error: the family has no
+        CUDA kernel.
     chunk_size : int or None
         Block length of "chunked" (default 32); for "recurrent", the positions between the
         states its backward stores (default about sqrt(N)).
@@ -155,10 +157,10 @@ def delta_rule_attention_backward(dout, q, k, v, beta, *, feature_map="elu+1",
 
     The form returns the gradients with respect to the unit features, v and beta (backward
     through time, ``forms.delta.attend_backward``; through the WY form,
-    ``forms.delta_chunked.attend_backward``); the normalisation's and the feature map's
-    vector-Jacobian products carry them back to q and k. Pieces of one sequence, processed in
-    order forward and in reverse order backward, each handing its dS_0 to the previous piece
-    as ``dstate``, give the gradients of one pass.
+    ``forms.delta_chunked.attend_backward``; the Numba kernels compute the same); the
+    normalisation's and the feature map's vector-Jacobian products carry them back to q and
+    k. Pieces of one sequence, processed in order forward and in reverse order backward,
+    each handing its dS_0 to the previous piece as ``dstate``, give the gradients of one pass.
 
     Parameters
     ----------

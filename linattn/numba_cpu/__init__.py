@@ -22,9 +22,14 @@ validate once and ``linattn.dispatch`` picks a module here.
 - ``lsh_hash``  its hashing: buckets a tile of rotations at a time, a counting sort.
 - ``lsh_windows``  its walk over a round's sorted positions: windows, runs of chunks,
                 the rows gathered and scattered.
+- ``delta``     the delta rule's scan (``method="recurrent"`` of ``linattn.delta``).
+- ``delta_chunked``  the delta rule in chunks by the WY form (``method="chunked"``), loops
+                around BLAS products (``forms.delta_chunked`` is its oracle).
 
-All take ``elu=True`` to apply the paper's feature map, elu+1 (Eq. 7), themselves, to raw q
-and k; the unfused path (NumPy feature map, then the kernel) is what the tests compare to.
+The linear-attention kernels (``loops``, ``chunked``, ``quadratic``, ``step``; not the gated
+``decay_loops`` nor the delta rule's, which take features) take ``elu=True`` to apply the
+paper's feature map, elu+1 (Eq. 7), themselves, to raw q and k; the unfused path (NumPy
+feature map, then the kernel) is what the tests compare to.
 - ``compile_notice``  the line on stderr while a kernel compiles for the first time (a
                 cold disk cache); registered when this package is first imported.
 
