@@ -17,6 +17,7 @@ naming the figure, the machine, the date and the tier (``figures``: this module'
 ``copy_task_loss``        step (>= 1), train_loss, eval_loss (either may be missing)
 ``speech_per``            epoch (>= 1), valid_per, epoch_s
 ``generation_speed``      batch, images_per_s, seconds_per_image, measured (a bar chart)
+``retrieval_capacity``    pairs, features, eval_loss, eval_acc, train_s
 ========================  ==========================================================
 
 Rows with equal name and x are repeats (seeds, runs): a curve shows their median, and a band
@@ -48,6 +49,7 @@ MEMORY_COLUMNS = ("name", "n", "peak_bytes")
 TOKEN_COLUMNS = ("name", "position", "seconds_per_token")
 COPY_COLUMNS = ("name", "step", "train_loss", "eval_loss")
 SPEECH_COLUMNS = ("name", "epoch", "valid_per", "epoch_s")
+RETRIEVAL_COLUMNS = ("name", "pairs", "features", "eval_loss", "eval_acc", "train_s")
 GENERATION_COLUMNS = ("name", "batch", "images_per_s", "seconds_per_image", "measured",
                       "library")
 
@@ -60,7 +62,8 @@ LABELS = {"seconds_fwd": "forward", "seconds_fwdbwd": "forward + backward",
           "train_loss": "training batch (before its step)",
           "eval_loss": "held-out batches", "valid_per": "validation phoneme error rate",
           "epoch_s": "training seconds per epoch", "images_per_s": "images per second",
-          "seconds_per_image": "seconds per image"}
+          "seconds_per_image": "seconds per image",
+          "eval_acc": "held-out answers read right"}
 
 
 # ---- drawing ---------------------------------------------------------------------------------
@@ -303,6 +306,40 @@ def generation_speed(rows, path, title=None, caption=None, tier="figures"):
     return _save(fig, rows, path, GENERATION_COLUMNS, caption, tier)
 
 
+def retrieval_capacity(rows, path, title=None, caption=None, tier="figures"):
+    """Associative retrieval against the number of pairs P stored, log2 x: held-out
+    accuracy (linear y, from 0 to 1) and loss (log y), one line per attention, a vertical
+    line where P equals the state's features F. Rows: RETRIEVAL_COLUMNS, from
+    ``linattn.lab.measure.retrieval_rows``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    _check_rows(rows, "pairs", RETRIEVAL_COLUMNS, loglog=True)
+    names = list(dict.fromkeys(str(r["name"]) for r in rows))
+    fig = Figure(figsize=(10, 4.2), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    for ax, key in zip(fig.subplots(1, 2), ("eval_acc", "eval_loss")):
+        for i, name in enumerate(names):
+            own = sorted((r for r in rows if r["name"] == name), key=lambda r: r["pairs"])
+            ax.plot([r["pairs"] for r in own], [r[key] for r in own], color=f"C{i}",
+                    marker=MARKERS[i % len(MARKERS)], label=name)
+        for f in sorted({r["features"] for r in rows if r["features"]}):
+            ax.axvline(f, color="0.6", lw=0.8, ls=":", label=f"P = F = {f}")
+        ax.set_xscale("log", base=2)
+        if key == "eval_loss":
+            ax.set_yscale("log")
+        else:
+            ax.set_ylim(0, 1.02)
+        ax.set(xlabel="pairs stored P", title=LABELS[key],
+               ylabel="accuracy" if key == "eval_acc" else "cross-entropy (nats per answer)")
+        ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(-0.1, -0.16), ncol=5,
+              frameon=False)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, rows, path, RETRIEVAL_COLUMNS, caption, tier)
+
+
 # ---- the figures of ``python -m linattn.lab.figures`` -----------------------------------------
 
 def _feature_maps(out, quick, caption, peer_python):
@@ -315,11 +352,13 @@ def _feature_maps(out, quick, caption, peer_python):
                                    "q, k ~ 0.5 N(0, 1), float64")
 
 
-COPY_ATTENTIONS = ("linear", "softmax", "lsh-1", "lsh-4")
+# the paper's four (Figure 2), then the variants beyond the paper (model.variants)
+COPY_ATTENTIONS = ("linear", "softmax", "lsh-1", "lsh-4", "decay", "gated", "delta")
 
 
 def _copy_task(out, quick, caption, peer_python):
-    """The four attentions of the paper's Figure 2 trained afresh (the runs go to a temporary
+    """The four attentions of the paper's Figure 2 and the three variants beyond it (a
+    learned decay, GLA's gates, the delta rule) trained afresh (the runs go to a temporary
     folder), on one thread: at these sizes a second one only adds overhead. LSH takes chunks
     of 8 positions, so that the 25 positions of a string of 12 fall into 4 chunks, as 128
     positions, the paper's longest, would fall into chunks of 32."""
@@ -389,6 +428,19 @@ def _speech(out, quick, caption, peer_python):
                         caption=caption), out / "speech_table.csv")
 
 
+def _retrieval(out, quick, caption, peer_python):
+    """``measure.retrieval_rows`` at the figure's sizes, BLAS on one thread (its products
+    are too small to share)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        rows = measure.retrieval_rows(quick)
+    d = rows[-1]["features"]
+    title = ("Associative retrieval: one attention layer of width d = "
+             f"{d} recalls the value of one of P stored keys, float64")
+    return retrieval_capacity(rows, out / "retrieval_capacity", title=title, caption=caption)
+
+
 def _generation(out, quick, caption, peer_python):
     """Generating images at the paper's MNIST shape (``lab.speed.speed_table``): each form
     at batch 1 and 16, pft's RNN too when ``peer_python`` is given. Quick: a tiny model,
@@ -414,7 +466,8 @@ def generation_figure(rows, meta, out):
 # The figures ``main`` regenerates: (name, function(out_dir, quick, caption, peer_python)).
 FIGURES = [("time_vs_n, memory_vs_n, time_per_token", _benchmark),
            ("feature_map_error", _feature_maps), ("copy_task_loss", _copy_task),
-           ("speech_per, speech_table", _speech), ("generation_speed", _generation)]
+           ("speech_per, speech_table", _speech), ("retrieval_capacity", _retrieval),
+           ("generation_speed", _generation)]
 
 
 def main(argv=None):

@@ -9,6 +9,8 @@ figure functions only draw. For Katharopoulos et al. (2020), arXiv:2006.16236.
 - ``speech_rows``: validation PER curves and a Table-3-style table of the speech experiment
   (section 4.3, table 3 of the paper) on a SYNTHETIC stand-in for WSJ, for
   ``figures.speech_per``;
+- ``retrieval_rows``: one attention layer trained to recall P key/value pairs (Schlag et
+  al. 2021), for ``figures.retrieval_capacity``;
 - ``benchmark_rows``: time, memory and time per generated token from one run of
   ``linattn.lab.bench`` (sections 3.3-3.4, figure 1 of the paper), for ``figures.time_vs_n``,
   ``figures.memory_vs_n`` and ``figures.time_per_token``.
@@ -171,6 +173,37 @@ def speech_rows(out_dir, quick=False):
     with open(table, newline="") as f:
         table_rows = list(csv.DictReader(f))
     return rows, table_rows
+
+
+# the retrieval figure's settings: one layer of width d = 16 (16 features for elu+1), P from
+# d/4 to 4 d pairs, 2000 updates of 32 sequences each (model.retrieval)
+RETRIEVAL = dict(d=16, pairs=(4, 8, 16, 32, 64), steps=2000)
+
+
+def retrieval_rows(quick=False, attentions=None, **sizes):
+    """Train one attention layer per attention and number of pairs P on associative
+    retrieval (``model.retrieval``, Schlag et al. 2021, section 6.1) and return the
+    held-out loss and accuracy: the rows of ``figures.retrieval_capacity``.
+
+    ``sizes`` replaces entries of ``RETRIEVAL`` (d, pairs, steps); ``quick`` is a smoke
+    test's size. Rows: name (the attention), pairs, features (the state's F = d; 0 for
+    softmax, which keeps every key), eval_loss, eval_acc, train_s.
+    """
+    import time
+
+    from ..model import retrieval
+    sizes = {**(dict(d=8, pairs=(2, 16), steps=30) if quick else RETRIEVAL), **sizes}
+    cfg = retrieval.RetrievalConfig(d=sizes["d"], steps=sizes["steps"])
+    rows = []
+    for attention in attentions or retrieval.ATTENTIONS:
+        for pairs in sizes["pairs"]:
+            start = time.perf_counter()
+            _, loss, accuracy = retrieval.train(attention, retrieval.RetrievalTask(pairs), cfg)
+            rows.append({"name": attention, "pairs": pairs,
+                         "features": 0 if attention == "softmax" else cfg.d,
+                         "eval_loss": loss, "eval_acc": accuracy,
+                         "train_s": time.perf_counter() - start})
+    return rows
 
 
 # the benchmark's cases under the names the figures show; the peers' carry their library

@@ -50,7 +50,8 @@ def write_page(figures_dir="figures", out="docs/performance.md"):
                 _time(figures_dir),
                 _memory(figures_dir), _tokens(figures_dir), _generation(figures_dir),
                 _training_step(figures_dir), _copy_task(figures_dir), _images(figures_dir),
-                _speech(figures_dir), _threads(bench), _auto(figures_dir)]
+                _speech(figures_dir), _retrieval(figures_dir), _threads(bench),
+                _auto(figures_dir)]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n\n".join(s.strip("\n") for s in sections if s) + "\n")
     return out
@@ -326,6 +327,24 @@ def _speech(figures_dir):
             + _sentence(meta.get("attention")) + "\n\n"
             + _table(["model", "parameters", "epochs", "test PER", "s / epoch"], body,
                      ["---", "---:", "---:", "---:", "---:"]))
+
+
+def _retrieval(figures_dir):
+    path = figures_dir / "retrieval_capacity.csv"
+    rows, meta = _csv(path)
+    if rows is None:
+        return _missing("Associative retrieval", path)
+    names = list(dict.fromkeys(r["name"] for r in rows))
+    accuracy = _pivot(rows, "eval_acc", "pairs")
+    pairs = sorted({int(r["pairs"]) for r in rows})
+    features = max(int(r["features"]) for r in rows)
+    body = [[str(p)] + [_sig(accuracy[n].get(p)) for n in names] for p in pairs]
+    return (f"## Associative retrieval ({_source(path, meta)})\n\nOne attention layer of "
+            f"width {features} (a state of F = {features} features for the fixed-size "
+            "memories) trained to recall the value of one of P stored keys (after Schlag et "
+            "al. 2021; `linattn.model.retrieval`): the fraction of held-out answers read "
+            "right. The figure: `figures/retrieval_capacity.png`.\n\n"
+            + _table(["pairs P"] + names, body))
 
 
 THREADS_TEXT = """\

@@ -29,9 +29,11 @@ turns it into what the library takes, ``gate_backward`` carries the library's gr
 (ddecay, dlog_gate, dbeta) back to it, and ``gate_input_backward`` to the projection's
 weights and to x.
 
-They run on NumPy's forms (``backend="numpy"``): the oracles of the library, and this is the
-reference model. The compiled path (``model.fast``) has none of them: ``model.paths`` routes
-a model with one of them to the reference, and the compiled functions refuse it.
+They call the library with ``backend="auto"``, as the rest of the reference model does:
+Numba's compiled gated loops and the delta rule's compiled chunks where numba imports, each
+held to NumPy's oracle by the library's tests. The compiled path (``model.fast``) has none of
+them: ``model.paths`` routes a model with one of them to the reference, and the compiled
+functions refuse it.
 Reference: the attention layer's gradient and the whole model's are held to central finite
 differences, and generation by steps to the parallel forward, in tests/test_model_variants.py.
 """
@@ -44,7 +46,7 @@ from .layers import (linear, linear_backward, log_sigmoid, log_sigmoid_backward,
                      sigmoid_backward)
 
 GATE_TEMPERATURE = 16.0        # GLA's tau: log gates near log(1/2) / 16 at init, gates ~0.96
-BACKEND = "numpy"              # the library's oracles: this is the reference model
+BACKEND = "auto"               # the fastest backend that takes the call, as model.attention
 
 
 def feature_width(cfg):
