@@ -3,6 +3,8 @@
 ``normalize``): the oracle against a plain double loop, every form against the oracle,
 gradients against central differences, the float32 range of the chunked form, and bad
 inputs."""
+import tracemalloc
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -247,3 +249,41 @@ def test_numba_backend_with_decay_is_refused(method):
     auto = linear_attention(q, k, v, causal=True, decay=0.5, method=method)
     np.testing.assert_array_equal(auto, linear_attention(q, k, v, causal=True, decay=0.5,
                                                          method=method, backend="numpy"))
+
+
+def _peak(f, *args, **kw):
+    tracemalloc.start()
+    try:
+        f(*args, **kw)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("backend, method", [("numpy", "chunked"), ("numpy", "recurrent"),
+                                             ("numba", "recurrent")])
+@pytest.mark.parametrize("gate", ["decay", "log_gate"])
+def test_gated_memory_grows_with_n_not_n_squared(backend, method, gate):
+    # tracemalloc traces NumPy's arrays and Numba's (PyMem_RawMalloc): forward and backward
+    # stay O(N (F + M)) plus one state per chunk, never N x N or one (F, M) state a position
+    if backend == "numba" and not numba_imports():
+        pytest.skip("numba is not installed")
+    n, d = 4096, 32
+    q, k, v = np.random.default_rng(0).standard_normal((3, n, d))
+    gates = {"decay": 0.99, "log_gate": np.full((n, d), -0.01)}[gate]
+    kw = dict(causal=True, method=method, backend=backend, **{gate: gates})
+    linear_attention_backward(v[:8], q[:8], k[:8], v[:8], **{**kw, gate: (
+        gates if gate == "decay" else gates[:8])})                  # compiled, outside
+    inputs = 3 * n * d * 8                                           # q, k, v: 3 MiB
+    n_by_n, state_per_position = n * n * 8, n * d * d * 8            # 128 MiB and 32 MiB
+    forward = _peak(linear_attention, q, k, v, **kw)
+    backward = _peak(linear_attention_backward, v, q, k, v, **kw)
+    assert forward < 6 * inputs, forward                          # O(N (F + M))
+    assert backward < 8 * inputs, backward
+    assert 8 * inputs < min(n_by_n, state_per_position)            # the bounds tell them apart
+    # the check can fail: the oracle builds the (N, N) decayed kernel matrix
+    if method == "chunked":
+        quadratic = _peak(linear_attention, q[:1024], k[:1024], v[:1024],
+                          **{**kw, "method": "quadratic", gate: (
+                              gates if gate == "decay" else gates[:1024])})
+        assert quadratic > 1024 * 1024 * 8
