@@ -59,10 +59,11 @@ options the kernels do not have yet.
 The "auto" rule, written once:
 - backend "auto": "cupy" for CuPy arrays; for NumPy arrays "numba" when numba imports and has
   the method, else "numpy".
-- method "auto": ``AUTO_METHOD[family, backend]``, a function of ``causal`` and the queries'
-  shape (N, D) where the caller gives it: the fastest form measured on that backend (NumPy:
-  running sums non-causal, blocks causal; Numba: the kernel matrix in blocks for short
-  sequences, else blocks of positions; CUDA: the chunked scan causal, matrix products
+- method "auto": ``AUTO_METHOD[family, backend]``, a function of ``causal``, the queries'
+  shape (N, D) where the caller gives it, and the options the call needs: the fastest form
+  measured on that backend (NumPy: running sums non-causal, blocks causal; Numba: the kernel
+  matrix in blocks for short sequences, else blocks of positions, and the gated running sums
+  for a decay, a gate or no normaliser; CUDA: the chunked scan causal, matrix products
   non-causal; the delta rule: its chunked WY form on NumPy and Numba). Families without
   methods (step, softmax, lsh) have the single method "auto".
 - options: a module lacking one the call needs is skipped (by "auto", for the next module of
@@ -123,9 +124,9 @@ _BACKENDS_OF = frozenset((family, backend) for family, _, backend in TABLE)
 # grows with D, then "chunked" (blocks of positions carrying a state, O(N F M)); the bound is
 # lower without the causal mask, whose N^2 products then skip no half. Why these bounds: the
 # two forms' times over N and D as measured, in docs/performance.md.
-# With a decay, a gate or no normaliser only the running sums are compiled
-# (``numba_cpu.decay_loops``); measured forward + backward on one thread from N = 64 to 4096,
-# they beat NumPy's chunked form several times over, so "auto" keeps to Numba for them.
+# With a decay, a gate or no normaliser the running sums are Numba's only compiled form
+# (``numba_cpu.decay_loops``); "auto" takes them over NumPy's chunked form. The lab times both
+# (``python -m linattn.lab.bench``, its auto_rules; docs/performance.md).
 GATED = frozenset({"decay", "log_gate", "unnormalized"})
 
 
@@ -146,9 +147,8 @@ AUTO_METHOD = {
     ("linear", "numba"): _numba_linear,
     ("linear", "cupy"): lambda causal, shape, needs: "chunked" if causal else "linear",
     ("delta", "numpy"): lambda causal, shape, needs: "chunked",
-    # Numba: the WY form's chunks beat the compiled scan at every size measured (one thread,
-    # float64, D = M, forward and backward, from 1 x 8 x 8 to 8 heads x 1024 x 64 and
-    # 8 x 512 x 128; equal at the smallest)
+    # Numba: the WY form's chunks rather than the compiled scan; the lab times both
+    # (``python -m linattn.lab.bench``, its auto_rules; docs/performance.md)
     ("delta", "numba"): lambda causal, shape, needs: "chunked",
 }
 

@@ -104,9 +104,10 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
     a log gate and ``normalize=False`` run on NumPy's forms ("quadratic": the decayed kernel
     matrix, the oracle; "linear" and "recurrent": the gated running sums; "chunked", "auto":
     blocks in log space, finite in float32 for any N and decay) and on Numba's "linear" and
-    "recurrent" (compiled gated loops), which method "auto" picks on Numba for them (faster
-    than NumPy's chunked form as measured, ``dispatch.GATED``); an explicit
-    backend or method without them, and CuPy arrays, are a ValueError.
+    "recurrent" (compiled gated loops), which method "auto" picks on Numba for them
+    (``dispatch.GATED``). ``backend="numba"`` with another method is a ValueError naming the
+    option (``backend="auto"`` then runs NumPy's form), and so are CuPy arrays with
+    ``backend="cupy"`` or ``"auto"``.
 
     Cost: O(N F M) time and O(N (F + M)) memory for every method but "quadratic"
     (O(N^2 max(F, M)) time, O(N^2) memory); F is the feature map's width.

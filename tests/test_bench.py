@@ -33,8 +33,12 @@ def test_quick_bench_writes_results(tmp_path, capsys):
         assert r["pft_step_s"] is None
     threads = results["threads"]             # threadpoolctl is a dev extra: the yardstick ran
     assert all(threads[k] > 0 for k in ("all_s", "one_s", "blas_all_s", "blas_one_s"))
+    from linattn.lab.bench.cases import AUTO_RULES       # the forms "auto" chooses between
+    timed = {(r["case"], r["n"]) for r in results["auto_rules"]}
+    assert timed == {(c, n) for c in AUTO_RULES for n in (64, results["config"]["cross_n"])}
+    assert all(r["forward_backward_s"] > 0 for r in results["auto_rules"])
     for name in ("bench_scaling.csv", "bench_generation.csv", "bench_crossover.csv",
-                 "bench.txt"):
+                 "bench_auto_rules.csv", "bench.txt"):
         assert (tmp_path / name).stat().st_size > 0
     output = capsys.readouterr().out
     assert "summary" in output and "Recurrence.step / floor" in output

@@ -17,11 +17,13 @@ def test_page_from_committed_figures(tmp_path):
     assert meta["date"] in page
     for title in ("Head to head", "Time against N", "Peak memory", "One generated token",
                   "Generating images", "Copy task", "Speech, synthetic task",
-                  "Thread settings", 'method "auto"'):
+                  "Associative retrieval", "Thread settings", 'method "auto"'):
         assert f"## {title}" in page or title in page, title
     assert "| curve | N = 512 |" in page                              # the time and memory tables
     assert "| causal linear (Numba) |" in page
     assert "BLAS:" in page and "Numba" in page
+    assert "| delta numba chunked | 8 | 64 | 4096 |" in page          # the auto rules' timings
+    assert "| pairs P | softmax | linear | decay | delta |" in page    # the retrieval table
 
 
 def test_committed_page_is_current(tmp_path):

@@ -47,8 +47,9 @@ def _block(x, blk):
 
 def product(phi_q, phi_k, v, g, s0=None, chunk_size=DEFAULT_CHUNK_SIZE):
     """num (..., N, W) and the final state S_N (..., F, W) of ``decay.product``, in blocks
-    of ``chunk_size`` positions. Cost: O(N C (F + W) + N F W) time; memory O(N (F + W)),
-    the intra-block decays E (..., C, C, F) of one block at a time, and no state per block."""
+    of ``chunk_size`` positions. Cost: O(N C (F + W) + N F W) time; memory O(N (F + W)) for
+    the blocks, one F x W sum per block (kv, N / C of them) and the intra-block decays E
+    (..., C, C, F) of one block at a time."""
     xp = array_module(v)
     n = v.shape[-2]
     q, k, vb, c, to_end = _parts(phi_q, phi_k, v, g, chunk_size)

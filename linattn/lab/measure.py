@@ -85,8 +85,7 @@ def copy_task_rows(out_dir, steps=1000, batch_size=32, eval_every=50, seed=0, le
 
     The defaults are the settings of ``figures/copy_task_loss.png``: strings of up to
     ``length`` = 12 symbols (N = 25 positions), the model of ``model.train.DEFAULT_COPY``
-    (2 layers, 4 heads of 16), batches of 32, Adam at 3e-3, 1000 steps: both attentions fall
-    below 0.1 nats on held-out batches, in about 1.5 minutes on one core.
+    (2 layers, 4 heads of 16), batches of 32, Adam at 3e-3, 1000 steps.
 
     Parameters
     ----------

@@ -410,6 +410,20 @@ def _auto(figures_dir):
                  "default for long sequences:", "",
                  _table(["case", "heads", "D = M", "N", "forward", "forward + backward"],
                         cells, ["---", "---:", "---:", "---:", "---:", "---:"])]
+    path = figures_dir / "data" / "bench_auto_rules.csv"
+    if path.exists():
+        rows = read_csv(path)[0]
+        cells = [[r.get("case"), r.get("heads"), r.get("width"), r.get("n"),
+                  _sig(_ms(r.get("forward_best_s"))), _sig(_ms(r.get("forward_backward_best_s")))]
+                 for r in rows]
+        text += ["", "With a decay (0.99 here; a log gate and `normalize=False` take the same "
+                 "forms), method \"auto\" on Numba runs the gated running sums "
+                 "(`dispatch.GATED`), the only gated Numba kernel, rather than NumPy's chunked "
+                 "form; for the delta rule it runs the compiled WY chunks rather than the "
+                 f"compiled scan. The forms timed against each other (`{path.name}`; batch 1, "
+                 "best times, ms):", "",
+                 _table(["case", "heads", "D = M", "N", "forward", "forward + backward"],
+                        cells, ["---", "---:", "---:", "---:", "---:", "---:"])]
     return "\n".join(text)
 
 

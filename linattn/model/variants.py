@@ -29,9 +29,10 @@ turns it into what the library takes, ``gate_backward`` carries the library's gr
 (ddecay, dlog_gate, dbeta) back to it, and ``gate_input_backward`` to the projection's
 weights and to x.
 
-They call the library with ``backend="auto"``, as the rest of the reference model does:
-Numba's compiled gated loops and the delta rule's compiled chunks where numba imports, each
-held to NumPy's oracle by the library's tests. The compiled path (``model.fast``) has none of
+They call the library with ``backend="auto"``, as the rest of the reference model does
+(where numba imports: training runs Numba's gated loops and the delta rule's compiled
+chunks; generation steps with NumPy's gated step and Numba's delta-rule step), each held to
+NumPy's oracle by the library's tests. The compiled path (``model.fast``) has none of
 them: ``model.paths`` routes a model with one of them to the reference, and the compiled
 functions refuse it.
 Reference: the attention layer's gradient and the whole model's are held to central finite
@@ -123,7 +124,7 @@ def attend(q, k, v, a, cfg, return_state=False):
     pre-activation a -> out (B, H, N, d_head), and the state after the last position with
     ``return_state`` (``State(S, z)`` for decay and gated, S (B, H, F, d_head) for delta).
 
-    Cost: O(B H N F d_head) (NumPy's chunked forms).
+    Cost: O(B H N F d_head) (the library's gated running sums or the delta rule's chunks).
     """
     g = gate(a, cfg)
     if cfg.attention == "delta":

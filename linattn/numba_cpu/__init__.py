@@ -25,13 +25,15 @@ validate once and ``linattn.dispatch`` picks a module here.
 - ``delta``     the delta rule's scan (``method="recurrent"`` of ``linattn.delta``).
 - ``delta_chunked``  the delta rule in chunks by the WY form (``method="chunked"``), loops
                 around BLAS products (``forms.delta_chunked`` is its oracle).
+- ``decay_loops``  methods "linear" and "recurrent" with a decay, a log gate or without the
+                normaliser: the gated running sums (``forms.decay_recurrent`` is its oracle).
+- ``compile_notice``  the line on stderr while a kernel compiles for the first time (a
+                cold disk cache); registered when this package is first imported.
 
 The linear-attention kernels (``loops``, ``chunked``, ``quadratic``, ``step``; not the gated
 ``decay_loops`` nor the delta rule's, which take features) take ``elu=True`` to apply the
 paper's feature map, elu+1 (Eq. 7), themselves, to raw q and k; the unfused path (NumPy
 feature map, then the kernel) is what the tests compare to.
-- ``compile_notice``  the line on stderr while a kernel compiles for the first time (a
-                cold disk cache); registered when this package is first imported.
 
 Policies: ``@njit(cache=True)`` everywhere, so a second process loads the compiled code
 instead of compiling; no ``fastmath`` (NaN and inf propagate as in NumPy); float32 stays
@@ -39,7 +41,8 @@ float32 inside the loops; parallel over the flattened batch x heads and, when th
 share out evenly over the threads, over blocks of the state (loops) or segments of the
 sequence (chunked).
 
-Why method "auto" is the blocks (``dispatch.AUTO_METHOD``): for long sequences they beat the
+Why method "auto" is the blocks (``dispatch.AUTO_METHOD``; with a decay, a gate or no
+normaliser it is ``decay_loops``, the only gated kernel here): for long sequences they beat the
 plain running-sum loops at every width, causal and not, since BLAS does most of their work;
 short sequences go to ``quadratic`` (blocks of the kernel matrix). The benchmark's crossover
 table (``python -m linattn bench``) measures both on any machine; ``docs/performance.md`` has

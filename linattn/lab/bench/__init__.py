@@ -9,7 +9,9 @@ arXiv:2006.16236, sections 3.3-3.4 and Fig. 1). One run measures:
 - scaling: forward and forward + backward time (median after a warm-up) and peak extra
   memory against N = 2^j, for softmax (NumPy, Numba) and linear attention (non-causal; causal
   by NumPy's loops, NumPy's blocks, Numba's loops, Numba's blocks, and Numba's default);
-- the loops-or-blocks crossover of the Numba backend against D = M;
+- the loops-or-blocks crossover of the Numba backend against D = M, and the forms "auto"
+  chooses between for a decay and for the delta rule (with the crossover; ``--widths`` with
+  no width skips both);
 - generation: time per token against position for the RNN step, softmax with a key/value
   cache and recomputing the prefix;
 - peers, when an interpreter with torch is given (``--peer-python``): PyTorch's softmax
@@ -71,7 +73,7 @@ def parse(argv):
                                   "the peers (default: this one)")
     peers_group.add_argument("--no-peers", action="store_true")
     p.add_argument("--widths", type=positive_int, nargs="*", default=[16, 32, 64, 128, 256],
-                   help="D = M of the crossover (none: skip it)")
+                   help="D = M of the crossover (none: skip it, and the auto rules' timings)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--isa", choices=isa.MODES, default=None,
                    help="instruction set of every side: avx2 holds Numba, OpenBLAS and the "
@@ -215,12 +217,14 @@ def main(argv=None):
     cfg.dtype = dtype.name
     widths = cfg.widths
     total = (len(cfg.ns) * len(cfg.cases) + len(cases.CROSSOVER) * len(widths)
-             * len({1, cfg.heads}) + 3 + cfg.gen_positions.bit_length() + cfg.rounds)
+             * len({1, cfg.heads}) + (2 * len(cases.AUTO_RULES) if widths else 0) + 3
+             + cfg.gen_positions.bit_length() + cfg.rounds)
     progress = tqdm(total=total, disable=cfg.no_progress, unit="case", desc="bench")
     results = {"machine": timing.machine(), "ceiling_gflops": timing.matmul_gflops(),
                "config": vars(cfg)}
     results["scaling"] = cases.scaling(cfg, progress)
     results["crossover"] = cases.crossover(cfg, progress, widths)
+    results["auto_rules"] = cases.auto_rules(cfg, progress) if widths else []
     cases.advance(progress, "heads=1 thread scaling")
     results["threads"] = threads(cfg)
     results["generation"], results["generation_summary"] = cases.generation(cfg, progress)

@@ -12,9 +12,10 @@ import time
 
 import numpy as np
 
-from ... import (Recurrence, linear_attention, linear_attention_backward,
-                linear_attention_step, lsh_attention, lsh_attention_backward,
-                softmax_attention, softmax_attention_backward)
+from ... import (Recurrence, delta_rule_attention, delta_rule_attention_backward,
+                linear_attention, linear_attention_backward, linear_attention_step,
+                lsh_attention, lsh_attention_backward, softmax_attention,
+                softmax_attention_backward)
 from . import timing
 
 
@@ -38,6 +39,23 @@ def _lsh(rounds):
             lambda q, k, v, dout: lsh_attention_backward(dout, q, v, **kw))
 
 
+def _decay(method, backend):
+    """Causal linear attention whose state decays by 0.99 a position (RetNet's scalar decay)."""
+    kw = dict(causal=True, method=method, backend=backend, decay=0.99)
+    return (lambda q, k, v: linear_attention(q, k, v, **kw),
+            lambda q, k, v, dout: linear_attention_backward(dout, q, k, v, **kw))
+
+
+def _delta(method, backend):
+    """The delta rule with every write strength 1/2."""
+    kw = dict(method=method, backend=backend)
+
+    def beta(v):
+        return np.full(v.shape[:-1], 0.5, v.dtype)
+    return (lambda q, k, v: delta_rule_attention(q, k, v, beta(v), **kw),
+            lambda q, k, v, dout: delta_rule_attention_backward(dout, q, k, v, beta(v), **kw))
+
+
 # name -> (forward, backward); softmax is causal, like the linear forms named so
 CASES = {
     "softmax numpy": _softmax("numpy"),
@@ -53,9 +71,18 @@ CASES = {
     "lsh-1 numba": _lsh(1),
     "lsh-4 numba": _lsh(4),
     "lsh-8 numba": _lsh(8),
+    "decay numba loops": _decay("recurrent", "numba"),
+    "decay numpy chunked": _decay("chunked", "numpy"),
+    "delta numba chunked": _delta("chunked", "numba"),
+    "delta numba recurrent": _delta("recurrent", "numba"),
+    "delta numpy chunked": _delta("chunked", "numpy"),
 }
+# the forms between which method "auto" chooses for a decay and for the delta rule
+AUTO_RULES = ("decay numba loops", "decay numpy chunked", "delta numba chunked",
+              "delta numba recurrent", "delta numpy chunked")
 SCALING = tuple(name for name in CASES
-                if name not in ("non-causal numba loops", "softmax numba non-causal"))
+                if name not in ("non-causal numba loops", "softmax numba non-causal",
+                                *AUTO_RULES))
 # the head-to-head: each of our cases against the peer a user would pick instead (peers.py)
 PAIRS = (("causal numba", "pft causal linear"), ("softmax numba", "torch softmax"),
          ("softmax numba non-causal", "torch softmax non-causal"),
@@ -146,6 +173,20 @@ def crossover(cfg, progress, widths=(16, 32, 64, 128, 256)):
                 advance(progress, f"crossover {name} h={heads} D=M={w}")
                 row = measure(name, q, k, v, dout, cfg.repeats, cfg.pause, memory=False)
                 rows.append({**row, "heads": heads, "width": w})
+    return rows
+
+
+def auto_rules(cfg, progress, ns=(64, None)):
+    """Forward + backward of each of ``AUTO_RULES`` at ``cfg.heads`` heads, D = ``cfg.dim``,
+    M = ``cfg.value_dim``, batch 1, for N in ``ns`` (None: ``cfg.cross_n``): the timings
+    behind ``dispatch``'s rules for a decay (``GATED``) and for the delta rule."""
+    rows = []
+    for n in (cfg.cross_n if n is None else n for n in ns):
+        q, k, v, dout = inputs(1, cfg.heads, n, cfg.dim, cfg.value_dim, cfg.dtype)
+        for name in AUTO_RULES:
+            advance(progress, f"auto rules {name} N={n}")
+            rows.append({**measure(name, q, k, v, dout, cfg.repeats, cfg.pause, memory=False),
+                         "heads": cfg.heads, "width": cfg.dim})
     return rows
 
 

@@ -179,8 +179,8 @@ def _step_lines(results):
 
 def write(results, out_dir):
     """results.json is written by the caller; here the CSV files and bench.txt."""
-    for key in ("scaling", "generation", "crossover"):
-        rows = results[key]
+    for key in ("scaling", "generation", "crossover", "auto_rules"):
+        rows = results.get(key, [])
         if key == "scaling":
             rows = rows + (results.get("peers") or {}).get("scaling", [])
         if not rows:
