@@ -216,7 +216,8 @@ def kernel(family, method, backend, xp, causal=False, shape=None, needs=frozense
         if backend != "auto":
             raise ValueError(f"backend {backend!r} has no {family} kernel for method "
                              f"{chosen!r} with {', '.join(lacking)}; use backend='numpy' "
-                             f"(or 'auto', which falls back to it) for {', '.join(lacking)}")
+                             f"{' (or auto, which falls back to it)' if xp is np else ''} "
+                             f"for {', '.join(lacking)}")
     if lacking:                           # "auto": every candidate lacks an option
         raise ValueError(f"no backend runs {family} attention by method {method!r} with "
                          f"{', '.join(lacking)} on {xp.__name__} arrays")

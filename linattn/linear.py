@@ -102,8 +102,9 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
     elu+1 included), and on CuPy arrays in the causal chunked kernels, elsewhere through
     NumPy's forms: "auto" keeps the backend and method it would pick without them. A decay,
     a log gate and ``normalize=False`` run on NumPy's forms ("quadratic": the decayed kernel
-    matrix, the oracle; "linear" and "recurrent": the gated running sums; "chunked", "auto":
-    blocks in log space, finite in float32 for any N and decay) and on Numba's "linear" and
+    matrix, the oracle; "linear" and "recurrent": the gated running sums; "chunked" (and
+    "auto" when causal): blocks in log space, finite in float32 for any N and decay) and on
+    Numba's "linear" and
     "recurrent" (compiled gated loops), which method "auto" picks on Numba for them
     (``dispatch.GATED``). ``backend="numba"`` with another method is a ValueError naming the
     option (``backend="auto"`` then runs NumPy's form), and so are CuPy arrays with

@@ -418,11 +418,11 @@ def _auto(figures_dir):
                  for r in rows]
         text += ["", "With a decay (0.99 here; a log gate and `normalize=False` take the same "
                  "forms), method \"auto\" on Numba runs the gated running sums "
-                 "(`dispatch.GATED`), the only gated Numba kernel, rather than NumPy's chunked "
-                 "form; for the delta rule it runs the compiled WY chunks rather than the "
-                 f"compiled scan. The forms timed against each other (`{path.name}`; batch 1, "
-                 "best times, ms):", "",
-                 _table(["case", "heads", "D = M", "N", "forward", "forward + backward"],
+                 "(`numba_cpu.decay_loops`, the only gated Numba kernel; the rule: "
+                 "`dispatch.GATED`) rather than NumPy's chunked form; for the delta rule it runs "
+                 "the compiled WY chunks rather than the compiled scan or NumPy's chunks. The "
+                 f"forms timed against each other (`{path.name}`; batch 1, best times, ms):", "",
+                 _table(["case", "heads", "D", "N", "forward", "forward + backward"],
                         cells, ["---", "---:", "---:", "---:", "---:", "---:"])]
     return "\n".join(text)
 
