@@ -217,6 +217,8 @@ def main(argv=None):
         from .figures import machine, write_csv
         from .bench.timing import machine as bench_machine
         from .measure import machine_caption
+        from .. import threads
+        threads.keep_freed_memory()        # as the training runs do: no page faults per step
         sizes = CONFIGS[args.config]
         units = [u for e in EXPERIMENTS if e in args.only for u in UNITS[e](sizes[e])]
         rows = estimate(units, args.estimate)
