@@ -5,9 +5,9 @@
 #   make test      the test suite (the 15 slowest tests listed at the end)
 #   make paper     optional, hours: the paper's experiments at the paper's proportions
 #                  (copy task at 128 positions, Table 1 on images, Table 3 on speech of
-#                  about 800 frames) into the same figure and CSV names (and image_table), the CSVs saying
+#                  about 800 frames) into figures/paper, the same figure and CSV names (and image_table), the CSVs saying
 #                  "# tier: paper"; resumable: rerun it after a stop and it skips the
-#                  finished models (runs in figures/paper_runs)
+#                  finished models (into figures/paper, runs in figures/paper/paper_runs)
 #   make lint      ruff over the package, the tests and the notebooks' Python files
 #   make student   student/: the notebooks with the exercises unanswered, and their checks
 PYTHON ?= python3

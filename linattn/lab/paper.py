@@ -1,7 +1,7 @@
 """The paper tier: the experiments of Katharopoulos et al. (2020), arXiv:2006.16236, at the
 paper's proportions, in hours rather than the figures tier's under one hour.
 
-``python -m linattn.lab.paper [--out figures] [--config tiny|full] [--only speech,images,copy]``
+``python -m linattn.lab.paper [--out figures/paper] [--config tiny|full] [--only speech,images,copy]``
 (``make paper``) trains every model of ``paper_experiments`` (the copy task at 128
 positions, Table 1 on images, Table 3 on synthetic speech of about 800 frames) and writes
 the same figure and CSV names as ``python -m linattn.lab.figures``, the CSVs saying
@@ -203,8 +203,10 @@ def main(argv=None):
                     "about 800 frames. Resumable: a rerun skips finished models and resumes "
                     "an unfinished one from its checkpoint.")
     parser.add_argument("--out", type=lambda text: pathlib.Path(out_dir(text)),
-                        default=pathlib.Path("figures"),
-                        help="output folder (default: figures); runs go to OUT/paper_runs")
+                        default=pathlib.Path("figures") / "paper",
+                        help="output folder (default: figures/paper, beside the figures "
+                             "tier's files, which the notebooks read); runs go to "
+                             "OUT/paper_runs")
     parser.add_argument("--config", choices=tuple(CONFIGS), default="full",
                         help="sizes: full (default, hours) or tiny (seconds, for tests)")
     parser.add_argument("--only", type=_experiments, default=EXPERIMENTS,
