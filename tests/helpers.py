@@ -2,6 +2,8 @@
 differences and the relative error the gradient checks compare. Fixtures and the hypothesis
 profiles stay in ``conftest.py``.
 """
+import tracemalloc
+
 import numpy as np
 
 FEATURE_MAP_NAMES = ("elu+1", "relu", "taylor", "favor")
@@ -49,6 +51,17 @@ def numerical_parameter_gradients(params, loss, h=1e-6):
             g[idx] = (plus - minus) / (2 * h)
         grads[name] = g
     return grads
+
+
+def peak_traced_bytes(f, *args, **kw):
+    """The peak of the memory tracemalloc traces while ``f(*args, **kw)`` runs: NumPy's
+    arrays, and Numba's (its runtime allocates through PyMem_RawMalloc)."""
+    tracemalloc.start()
+    try:
+        f(*args, **kw)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
 
 
 def relative_error(got, want):

@@ -3,14 +3,12 @@
 ``normalize``): the oracle against a plain double loop, every form against the oracle,
 gradients against central differences, the float32 range of the chunked form, and bad
 inputs."""
-import tracemalloc
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import assert_gradients_match, random_qkv
+from helpers import assert_gradients_match, peak_traced_bytes, random_qkv
 from linattn import State, linear_attention, linear_attention_backward
 from linattn.dispatch import numba_imports
 from linattn.feature_maps import get_feature_map
@@ -251,15 +249,6 @@ def test_numba_backend_with_decay_is_refused(method):
                                                          method=method, backend="numpy"))
 
 
-def _peak(f, *args, **kw):
-    tracemalloc.start()
-    try:
-        f(*args, **kw)
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-
-
 @pytest.mark.parametrize("backend, method", [("numpy", "chunked"), ("numpy", "recurrent"),
                                              ("numba", "recurrent")])
 @pytest.mark.parametrize("gate", ["decay", "log_gate"])
@@ -276,14 +265,14 @@ def test_gated_memory_grows_with_n_not_n_squared(backend, method, gate):
         gates if gate == "decay" else gates[:8])})                  # compiled, outside
     inputs = 3 * n * d * 8                                           # q, k, v: 3 MiB
     n_by_n, state_per_position = n * n * 8, n * d * d * 8            # 128 MiB and 32 MiB
-    forward = _peak(linear_attention, q, k, v, **kw)
-    backward = _peak(linear_attention_backward, v, q, k, v, **kw)
+    forward = peak_traced_bytes(linear_attention, q, k, v, **kw)
+    backward = peak_traced_bytes(linear_attention_backward, v, q, k, v, **kw)
     assert forward < 6 * inputs, forward                          # O(N (F + M))
     assert backward < 8 * inputs, backward
     assert 8 * inputs < min(n_by_n, state_per_position)            # the bounds tell them apart
     # the check can fail: the oracle builds the (N, N) decayed kernel matrix
     if method == "chunked":
-        quadratic = _peak(linear_attention, q[:1024], k[:1024], v[:1024],
+        quadratic = peak_traced_bytes(linear_attention, q[:1024], k[:1024], v[:1024],
                           **{**kw, "method": "quadratic", gate: (
                               gates if gate == "decay" else gates[:1024])})
         assert quadratic > 1024 * 1024 * 8

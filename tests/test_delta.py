@@ -1,8 +1,6 @@
 """The delta rule: the recurrent scan against a plain double loop, the chunked WY form against
 the scan, forward and backward; gradients against finite differences; states handed over;
 the overwrite property; memory; bad input."""
-import tracemalloc
-
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -11,7 +9,7 @@ from linattn import delta_rule_attention, delta_rule_attention_backward, delta_r
 from linattn import dispatch
 from linattn.feature_maps import EluPlusOne
 
-from helpers import numerical_parameter_gradients, random_qkv, relative_error
+from helpers import numerical_parameter_gradients, peak_traced_bytes, random_qkv, relative_error
 
 leads = st.sampled_from([(), (2,), (2, 3)])
 seeds = st.integers(0, 2**32 - 1)
@@ -204,15 +202,6 @@ def test_nan_beta_gives_nan_and_float16_runs_in_float32(backend):
     np.testing.assert_allclose(out, want.astype(np.float16), rtol=1e-3, atol=1e-3)
 
 
-def _peak(f, *args, **kw):
-    tracemalloc.start()
-    try:
-        f(*args, **kw)
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_chunked_memory_stays_far_below_one_state_per_position(backend):
     # tracemalloc sees every array NumPy allocates, and those Numba's compiled code allocates
@@ -225,12 +214,13 @@ def test_chunked_memory_stays_far_below_one_state_per_position(backend):
     kw = dict(method="chunked", backend=backend)
     delta_rule_attention_backward(dout[:5], q[:5], k[:5], v[:5], beta[:5], **kw)  # compiled
     one_state_per_position = n * d * m * 8                       # 64 MiB
-    forward = _peak(delta_rule_attention, q, k, v, beta, chunk_size=32, **kw)
+    forward = peak_traced_bytes(delta_rule_attention, q, k, v, beta, chunk_size=32, **kw)
     assert forward < one_state_per_position / 4, forward
-    backward = _peak(delta_rule_attention_backward, dout, q, k, v, beta, chunk_size=32, **kw)
+    backward = peak_traced_bytes(delta_rule_attention_backward, dout, q, k, v, beta,
+                                 chunk_size=32, **kw)
     assert backward < one_state_per_position / 2, backward
     # the check can fail: a chunk of 1 stores the memory entering every position
-    assert _peak(delta_rule_attention_backward, dout[:512], q[:512], k[:512], v[:512],
+    assert peak_traced_bytes(delta_rule_attention_backward, dout[:512], q[:512], k[:512], v[:512],
                  beta[:512], chunk_size=1, **kw) > 512 * d * m * 8
 
 

@@ -161,7 +161,8 @@ def test_the_public_function_gives_auto_its_shape(monkeypatch):
     seen = []
     rule = dispatch.AUTO_METHOD["linear", "numba"]
     monkeypatch.setitem(dispatch.AUTO_METHOD, ("linear", "numba"),
-                        lambda causal, shape, needs: seen.append(shape) or rule(causal, shape, needs))
+                        lambda causal, shape, needs: (seen.append(shape)
+                                                      or rule(causal, shape, needs)))
     q = k = v = np.ones((2, 5, 3))
     linattn.linear_attention(q, k, v, causal=True)
     linattn.linear_attention_backward(v, q, k, v, causal=True)

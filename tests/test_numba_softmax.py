@@ -2,7 +2,6 @@
 their tile loops, ``numba_cpu.flash_tiles``: agreement with a NumPy oracle for self- and
 cross-attention (Nq != Nk), gradients against central differences, tiles of every shape,
 NaN and large logits, empty sizes, the float32 exp, and memory."""
-import tracemalloc
 from unittest import mock
 
 import numba
@@ -14,7 +13,7 @@ from numba import njit
 from linattn.forms import softmax as numpy_softmax
 from linattn.numba_cpu import flash_tiles, softmax
 
-from helpers import assert_gradients_match, relative_error
+from helpers import assert_gradients_match, peak_traced_bytes, relative_error
 
 LEADS = [(), (1,), (2,), (2, 3)]
 
@@ -269,15 +268,6 @@ def test_tiles_stay_small_and_products_on_one_thread():
         assert block_q * block_k * max(d, m) < softmax.SINGLE_THREAD_PRODUCT
 
 
-def _peak_bytes(f, *args):
-    tracemalloc.start()
-    try:
-        f(*args)
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-
-
 def _forward_and_backward(attend, attend_backward, q, k, v, dout, causal):
     attend(q, k, v, causal=causal, scale=0.125)
     attend_backward(dout, q, k, v, causal=causal, scale=0.125)
@@ -293,10 +283,10 @@ def test_memory_grows_with_n_not_n_squared(causal):
     q, k, v, dout = draw(11, (2,), 2048, 2048, 64, 64, np.float32)
     inputs = sum(x.nbytes for x in (q, k, v, dout))                     # 4 MiB
     _forward_and_backward(softmax.attend, softmax.attend_backward, q, k, v, dout, causal)
-    peak = _peak_bytes(_forward_and_backward, softmax.attend, softmax.attend_backward,
+    peak = peak_traced_bytes(_forward_and_backward, softmax.attend, softmax.attend_backward,
                        q, k, v, dout, causal)
     assert peak < 2 * inputs
     # the check can fail: NumPy's reference holds (2, 2048, 2048) matrices, 8 x the inputs
-    numpy_peak = _peak_bytes(_forward_and_backward, numpy_softmax.attend,
+    numpy_peak = peak_traced_bytes(_forward_and_backward, numpy_softmax.attend,
                              numpy_softmax.attend_backward, q, k, v, dout, causal)
     assert numpy_peak > 4 * inputs

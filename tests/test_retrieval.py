@@ -3,6 +3,7 @@ against central differences, queries that write nothing, and training that learn
 import numpy as np
 import pytest
 
+from helpers import numerical_parameter_gradients
 from linattn.model import retrieval
 from linattn.model.tasks import batch_rng
 
@@ -25,18 +26,10 @@ def test_gradients_equal_central_differences(attention):
     batch = TASK.batch(np.random.default_rng(2), 3)
     _, grads, _ = retrieval.loss_and_grads(params, attention, TASK, *batch)
     assert set(grads) == set(params)
-    h = 1e-6
-    for name, value in params.items():
-        flat, want = value.reshape(-1), np.zeros(value.size)
-        for i in range(flat.size):
-            old = flat[i]
-            flat[i] = old + h
-            plus = retrieval.loss_and_grads(params, attention, TASK, *batch)[0]
-            flat[i] = old - h
-            minus = retrieval.loss_and_grads(params, attention, TASK, *batch)[0]
-            flat[i] = old
-            want[i] = (plus - minus) / (2 * h)
-        np.testing.assert_allclose(grads[name].reshape(-1), want, rtol=1e-5, atol=1e-8,
+    want = numerical_parameter_gradients(
+        params, lambda: retrieval.loss_and_grads(params, attention, TASK, *batch)[0])
+    for name in params:
+        np.testing.assert_allclose(grads[name], want[name], rtol=1e-5, atol=1e-8,
                                    err_msg=f"{attention}: {name}")
 
 

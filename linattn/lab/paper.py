@@ -1,7 +1,8 @@
 """The paper tier: the experiments of Katharopoulos et al. (2020), arXiv:2006.16236, at the
 paper's proportions, in hours rather than the figures tier's under one hour.
 
-``python -m linattn.lab.paper [--out figures/paper] [--config tiny|full] [--only speech,images,copy]``
+``python -m linattn.lab.paper [--out figures/paper] [--config tiny|full]
+[--only speech,images,copy]``
 (``make paper``) trains every model of ``paper_experiments`` (the copy task at 128
 positions, Table 1 on images, Table 3 on synthetic speech of about 800 frames) and writes
 the same figure and CSV names as ``python -m linattn.lab.figures``, the CSVs saying

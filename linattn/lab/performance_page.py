@@ -389,8 +389,9 @@ def _auto(figures_dir):
     widths = (16, 32, 64, 128)
     body = []
     for causal in (True, False):
-        longest = [max((n for n in range(1, 4097) if rule(causal, (n, d), frozenset()) == "quadratic"),
-                       default=0) for d in widths]
+        longest = [max((n for n in range(1, 4097)
+                        if rule(causal, (n, d), frozenset()) == "quadratic"), default=0)
+                   for d in widths]
         body.append(["causal" if causal else "non-causal"] + [str(n) for n in longest])
     text = ["## The Numba backend's method \"auto\"", "",
             "On the Numba backend, `method=\"auto\"` computes short sequences as blocks of the "

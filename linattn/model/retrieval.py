@@ -35,7 +35,7 @@ import numpy as np
 from ..delta import delta_rule_attention, delta_rule_attention_backward
 from ..linear import linear_attention, linear_attention_backward
 from ..softmax import softmax_attention, softmax_attention_backward
-from .layers import cross_entropy, cross_entropy_backward, sigmoid
+from .layers import cross_entropy, cross_entropy_backward, sigmoid, sigmoid_backward
 from .optim import AdamConfig, adam_init, adam_update
 from .tasks import batch_rng
 
@@ -122,8 +122,7 @@ def loss_and_grads(p, attention, task, keys, values, targets):
     do[:, n_pairs:] = dlogits @ p["w_out"].T
     if attention == "delta":
         dq, dk, dv, dbeta = delta_rule_attention_backward(do, q, k, v, beta, backend=BACKEND)
-        s = sigmoid(pre)
-        dpre = dbeta * writes * s * (1 - s)                         # (B, N)
+        (dpre,) = sigmoid_backward(dbeta * writes, pre)             # (B, N)
         g["w_beta"], g["b_beta"] = np.einsum("bnd,bn->d", x, dpre), np.array(dpre.sum())
     elif attention == "softmax":
         dq, dk, dv = softmax_attention_backward(do, q, k, v, **kw)
@@ -131,8 +130,7 @@ def loss_and_grads(p, attention, task, keys, values, targets):
         grads = linear_attention_backward(do, q, k, v, **kw)
         dq, dk, dv = grads[:3]
         if attention == "decay":
-            gamma = kw["decay"]
-            g["decay_logit"] = np.array(grads[3] * gamma * (1 - gamma))
+            g["decay_logit"] = np.asarray(sigmoid_backward(grads[3], p["decay_logit"])[0])
     dx = dq @ p["w_q"].T + dk @ p["w_k"].T + dv @ p["w_v"].T         # (B, N, d)
     for name, dy in (("w_q", dq), ("w_k", dk), ("w_v", dv)):
         g[name] = np.einsum("bnd,bne->de", x, dy)
