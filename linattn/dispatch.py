@@ -25,7 +25,8 @@ The families and the functions their modules define (same names on every backend
   and z_c the compensation (the fields of a ``CompensatedState``). The gated step (options
   "decay", "log_gate", "unnormalized") takes ``log_gate=`` (..., F) and ``normalize=`` too.
 - ``"softmax"``: ``attend(q, k, v, *, causal, scale)`` and ``attend_backward(dout, q, k, v,
-  *, causal, scale) -> (dq, dk, dv)``; with the option ``key_mask=``.
+  *, causal, scale) -> (dq, dk, dv)``; with the options ``key_mask=`` and ``"lse"``
+  (``attend(..., return_lse=True) -> (out, lse)``, ``attend_backward(..., out=, lse=)``).
 - ``"lsh"``: ``attend(qk, v, *, n_hashes, chunk_size, n_buckets, causal, seed)`` and
   ``attend_backward(dout, qk, v, *, ...) -> (dqk, dv)``; with the option ``key_mask=``.
 - ``"delta"``: ``attend(q, k, v, beta, *, chunk_size=None)`` and ``attend_backward(dout, q, k,
@@ -43,7 +44,8 @@ Each module declares what it supports, and ``kernel`` reads nothing else about i
   ``"decay"`` and ``"log_gate"`` (a per-head decay or a per-position log gate, both reaching
   the kernel as ``log_gate=`` (..., N, F), the decay folded in as its log; its backward then
   returns dlog_gate after dv) and ``"unnormalized"`` (``normalize=False``): see
-  ``forms.decay``.
+  ``forms.decay``; ``"lse"``, softmax's log-sum-exp returned by the forward and taken by the
+  backward.
   A new option lands in the NumPy forms first; "auto" skips a module without it, and an
   explicit backend whose modules all lack it is a ValueError naming backend, method and option.
 - ``FUSED_FEATURE_MAPS``, the feature-map classes it applies itself to raw q and k when called
@@ -154,7 +156,7 @@ AUTO_METHOD = {
 
 
 OPTIONS = ("non_causal", "key_mask", "initial_state", "return_state",
-           "decay", "log_gate", "unnormalized")
+           "decay", "log_gate", "unnormalized", "lse")
 
 
 def given(**options):

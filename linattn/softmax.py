@@ -10,7 +10,7 @@ from . import _checks, dispatch
 
 
 def softmax_attention(q, k, v, *, causal=False, scale=None, backend="auto",
-                      key_mask=None, key_lengths=None):
+                      key_mask=None, key_lengths=None, return_lse=False):
     """Softmax attention, the O(N^2) baseline, Eq. (2).
 
     out = softmax(scale * q k^T) v row by row, scale = 1/sqrt(D) by default;
@@ -34,22 +34,34 @@ def softmax_attention(q, k, v, *, causal=False, scale=None, backend="auto",
         Runs on the NumPy form and the Numba tiles (on CuPy arrays, through NumPy's form).
     key_lengths : ndarray of int, shape broadcasting to the leading axes, optional
         The number of real keys of each sequence, padded on the right; instead of key_mask.
+    return_lse : bool
+        Also return the log-sum-exp of each query's logits, which
+        ``softmax_attention_backward`` can take with ``out`` to skip recomputing the forward.
+        Runs on the NumPy form and the Numba tiles (on CuPy arrays, through NumPy's form).
 
     Returns
     -------
     out : ndarray, shape (..., Nq, M), in the inputs' dtype (float16 is computed in float32).
+    lse : ndarray, shape (..., Nq), only with ``return_lse``
+        lse_i = log sum_j exp(scale q_i . k_j) over the keys query i sees (causal: j <= i;
+        real keys only), -inf for a query whose keys are all padded; in the dtype the kernel
+        computed in (float32 for float16 inputs).
 
     Cost: O(Nq Nk max(D, M)) time; O(Nq Nk) memory on NumPy and CuPy, O(Nq + Nk) per row on
     Numba.
     """
     (q, k, v), out_dtype = _checks.check_qkv(q, k, v, causal=causal)
-    kernel, kw = _kernel(q, k, causal, scale, backend, key_mask, key_lengths)
-    out = kernel.attend(q, k, v, **kw)
-    return out.astype(out_dtype, copy=False)
+    return_lse = _checks.check_flag("return_lse", return_lse)
+    kernel, kw = _kernel(q, k, causal, scale, backend, key_mask, key_lengths,
+                         lse=return_lse)
+    if return_lse:
+        out, lse = kernel.attend(q, k, v, return_lse=True, **kw)
+        return out.astype(out_dtype, copy=False), lse
+    return kernel.attend(q, k, v, **kw).astype(out_dtype, copy=False)
 
 
 def softmax_attention_backward(dout, q, k, v, *, causal=False, scale=None, backend="auto",
-                               key_mask=None, key_lengths=None):
+                               key_mask=None, key_lengths=None, out=None, lse=None):
     """Gradients of softmax attention: the backward of Eq. (2).
 
     With P = softmax(L), L = scale * q k^T and out = P v:
@@ -62,6 +74,12 @@ def softmax_attention_backward(dout, q, k, v, *, causal=False, scale=None, backe
         Gradient of the loss with respect to ``out``.
     q, k, v, causal, scale, backend, key_mask, key_lengths
         As given to ``softmax_attention``. dk and dv are exactly 0 at padded keys.
+    out, lse : ndarray, shapes (..., Nq, M) and (..., Nq), optional, both or neither
+        What ``softmax_attention(..., return_lse=True)`` returned for these inputs. The
+        backward then takes P = exp(scale q k^T - lse) and rowsum(dP * P) = rowsum(dout *
+        out) from them instead of recomputing the forward: the Numba tiles skip their
+        forward pass. Other values give other (wrong) gradients; they are not checked
+        against q, k, v.
 
     Returns
     -------
@@ -72,18 +90,42 @@ def softmax_attention_backward(dout, q, k, v, *, causal=False, scale=None, backe
     Cost: as the forward; P is recomputed, never stored.
     """
     (q, k, v, dout), out_dtype = _checks.check_qkv(q, k, v, dout, causal=causal)
-    kernel, kw = _kernel(q, k, causal, scale, backend, key_mask, key_lengths)
+    saved = _check_saved(out, lse, dout, q.dtype)
+    kernel, kw = _kernel(q, k, causal, scale, backend, key_mask, key_lengths,
+                         lse=saved is not None)
+    if saved is not None:
+        kw.update(out=saved[0], lse=saved[1])
     grads = kernel.attend_backward(dout, q, k, v, **kw)
     return tuple(g.astype(out_dtype, copy=False) for g in grads)
 
 
-def _kernel(q, k, causal, scale, backend, key_mask, key_lengths):
+def _check_saved(out, lse, dout, dtype):
+    """(out, lse) in ``dtype``, checked against dout's shape (..., Nq, M) and the module of
+    the arrays; None when neither is given; TypeError / ValueError otherwise."""
+    if out is None and lse is None:
+        return None
+    if out is None or lse is None:
+        raise ValueError("out and lse go together: give both (softmax_attention(..., "
+                         "return_lse=True) returns them) or neither")
+    out, lse = _checks.as_float_array("out", out), _checks.as_float_array("lse", lse)
+    xp = _checks.array_module(dout)
+    if _checks.array_module(out) is not xp or _checks.array_module(lse) is not xp:
+        raise TypeError(f"out and lse must be {xp.__name__} arrays like q, k and v")
+    if out.shape != dout.shape or lse.shape != dout.shape[:-1]:
+        raise ValueError(f"out and lse must have shapes (..., Nq, M) {dout.shape} and "
+                         f"(..., Nq) {dout.shape[:-1]}, as softmax_attention returned "
+                         f"them; got out{out.shape}, lse{lse.shape}")
+    return out.astype(dtype, copy=False), lse.astype(dtype, copy=False)
+
+
+def _kernel(q, k, causal, scale, backend, key_mask, key_lengths, lse=False):
     """The rest of the checks both directions share, once: (the backend module, its keyword
-    options: causal, scale, and the key mask only when one is given)."""
+    options: causal, scale, and the key mask only when one is given); ``lse``: the call
+    takes or returns the log-sum-exp."""
     _checks.check_keys(q, k)
     xp = _checks.array_module(q)
     scale = _checks.check_scale(scale, q.shape[-1])
     mask = _checks.check_key_mask(key_mask, key_lengths, q.shape[:-2], k.shape[-2], xp)
     kernel, _ = dispatch.kernel("softmax", "auto", backend, xp,
-                                needs=dispatch.needed(causal=causal, key_mask=mask))
+                                needs=dispatch.needed(causal=causal, key_mask=mask, lse=lse))
     return kernel, dict(causal=causal, scale=scale, **dispatch.given(key_mask=mask))

@@ -88,8 +88,9 @@ def _step(q, causal):
 
 def _softmax(q, causal):
     for mask in causal:
-        softmax_attention(q, q, q, causal=mask, backend="numba")
+        out, lse = softmax_attention(q, q, q, causal=mask, backend="numba", return_lse=True)
         softmax_attention_backward(q, q, q, q, causal=mask, backend="numba")
+        softmax_attention_backward(q, q, q, q, causal=mask, backend="numba", out=out, lse=lse)
 
 
 def _lsh(q, causal):

@@ -26,6 +26,10 @@ def test_quick_bench_writes_results(tmp_path, capsys):
     quantities = [q for q, _ in results["summary"]]
     assert any("pft causal linear / causal numba" in q for q in quantities)   # None: no peers
     assert any("peak extra memory" in q for q in quantities)
+    fraction = dict(results["summary"])[
+        f"softmax numba forward N={results['config']['compare_n']}: fraction of float32 "
+        f"matmul GFLOP/s"]
+    assert 0 < fraction < 2                  # products at most about the ceiling's speed
     assert len(results["head_to_head"]) == 2                 # --quick's rounds, no peers
     for r in results["head_to_head"]:
         assert min(r["ceiling_gflops"], r["forward_s"], r["forward_backward_s"],

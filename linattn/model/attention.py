@@ -56,6 +56,10 @@ class AttentionCache(NamedTuple):
     gate : ndarray or None
         The variants' pre-activation (``variants.gate_input``); None for the paper's
         attentions.
+    saved : tuple or None
+        Softmax only: the core's output per head (B, H, N, d_head) and its log-sum-exp
+        (B, H, N), which its backward takes instead of recomputing the forward
+        (``attend(..., save=True)``); None for the other attentions.
     """
 
     q: object
@@ -63,6 +67,7 @@ class AttentionCache(NamedTuple):
     v: object
     heads: object
     gate: object = None
+    saved: object = None
 
 
 def split_heads(x, n_heads):
@@ -93,7 +98,7 @@ def _zero_padded(a, lengths):
     return np.where(real, a, a.dtype.type(0))
 
 
-def attend(q, k, v, cfg, lengths=None):
+def attend(q, k, v, cfg, lengths=None, save=False):
     """Attention per head, by ``cfg.attention``: softmax, Eq. (2) (with the mask of Eq. (8)
     if ``cfg.causal``), linear, Eq. (5) (Eq. (9) if ``cfg.causal``), or LSH (q shared with
     the keys, k unused).
@@ -105,40 +110,53 @@ def attend(q, k, v, cfg, lengths=None):
     0. Softmax costs O(N^2 d_head), linear O(N d_head^2), LSH O(n_hashes N C d_head) plus
     its hashing (``backend="auto"``: the fastest available backend that takes the call's
     options).
+
+    With ``save``, (out, saved): what ``attend_backward`` can take to skip work, softmax's
+    (core output, log-sum-exp) (``softmax_attention``'s ``return_lse``), None otherwise.
     """
+    saved = None
     if lengths is not None and cfg.attention == "lsh":
-        return _attend_each(q, v, cfg, lengths)
+        out = _attend_each(q, v, cfg, lengths)
+        return (out, saved) if save else out
     # (B, 1): one length per sequence, shared by its heads
     keys = None if lengths is None else np.asarray(lengths)[:, None]
-    if cfg.attention == "softmax":
+    if cfg.attention == "softmax" and save:
+        out, lse = softmax_attention(q, k, v, causal=cfg.causal, key_lengths=keys,
+                                     return_lse=True)
+        saved = out, lse
+    elif cfg.attention == "softmax":
         out = softmax_attention(q, k, v, causal=cfg.causal, key_lengths=keys)
     elif cfg.attention == "lsh":
         out = lsh_attention(q, v, **_lsh_options(cfg))
     else:
         out = linear_attention(q, k, v, causal=cfg.causal, feature_map=cfg.feature_map,
                                backend="auto", key_lengths=keys)
-    return out if lengths is None else _zero_padded(out, lengths)
+    out = out if lengths is None else _zero_padded(out, lengths)
+    return (out, saved) if save else out
 
 
-def attend_backward(dout, q, k, v, cfg, lengths=None):
-    """Backward of ``attend`` (``lengths`` as given to it): (dq, dk, dv), from the core's
-    hand-written backward passes; for LSH dq is dqk and dk is None. With ``lengths`` all
-    three are 0 at padded positions: the core zeroes dk and dv at padded keys, and the
-    outputs at padded queries were set to 0, so their upstream gradient and dq are 0."""
+def attend_backward(dout, q, k, v, cfg, lengths=None, saved=None):
+    """Backward of ``attend`` (``lengths`` as given to it, ``saved`` as it returned with
+    ``save``): (dq, dk, dv), from the core's hand-written backward passes; for LSH dq is dqk
+    and dk is None. With ``lengths`` all three are 0 at padded positions: the core zeroes dk
+    and dv at padded keys, and the outputs at padded queries were set to 0, so their
+    upstream gradient and dq are 0."""
     if lengths is None:
-        return _attend_backward(dout, q, k, v, cfg)
+        return _attend_backward(dout, q, k, v, cfg, saved=saved)
     if cfg.attention == "lsh":
         return _attend_each_backward(dout, q, v, cfg, lengths)
     dq, dk, dv = _attend_backward(_zero_padded(dout, lengths), q, k, v, cfg,
-                                  np.asarray(lengths)[:, None])
+                                  np.asarray(lengths)[:, None], saved)
     return _zero_padded(dq, lengths), dk, dv
 
 
-def _attend_backward(dout, q, k, v, cfg, key_lengths=None):
-    """The core's backward for ``cfg.attention``: (dq, dk, dv), (dqk, None, dv) for LSH."""
+def _attend_backward(dout, q, k, v, cfg, key_lengths=None, saved=None):
+    """The core's backward for ``cfg.attention``: (dq, dk, dv), (dqk, None, dv) for LSH;
+    softmax's takes the forward's (out, lse) when ``saved`` holds them."""
     if cfg.attention == "softmax":
+        out, lse = saved if saved is not None else (None, None)
         return softmax_attention_backward(dout, q, k, v, causal=cfg.causal,
-                                          key_lengths=key_lengths)
+                                          key_lengths=key_lengths, out=out, lse=lse)
     if cfg.attention == "lsh":
         dqk, dv = lsh_attention_backward(dout, q, v, **_lsh_options(cfg))
         return dqk, None, dv
@@ -188,14 +206,15 @@ def attention(p, x, cfg, lengths=None):
     """
     q, k, v = (None if n == "k" and cfg.attention == "lsh"  # LSH: q is also the keys
                else split_heads(linear(x, p["w" + n], p["b" + n]), cfg.n_heads) for n in "qkv")
-    a = None
+    a = saved = None
     if cfg.attention in VARIANTS:          # decay, gate or beta: from x, or a parameter
         _no_padding(cfg, lengths)
         a = variants.gate_input(p, x, cfg)
         heads = merge_heads(variants.attend(q, k, v, a, cfg))
     else:
-        heads = merge_heads(attend(q, k, v, cfg, lengths))   # (B, N, d_model)
-    return linear(heads, p["wo"], p["bo"]), AttentionCache(q, k, v, heads, a)
+        out, saved = attend(q, k, v, cfg, lengths, save=True)
+        heads = merge_heads(out)                              # (B, N, d_model)
+    return linear(heads, p["wo"], p["bo"]), AttentionCache(q, k, v, heads, a, saved)
 
 
 def _no_padding(cfg, lengths):
@@ -224,7 +243,7 @@ def attention_backward(dy, p, x, cache, cfg, lengths=None):
         dx, gate_grads = variants.gate_input_backward(da, p, x, cfg)
         grads.update(gate_grads)
     else:
-        dqkv = attend_backward(dout, cache.q, cache.k, cache.v, cfg, lengths)
+        dqkv = attend_backward(dout, cache.q, cache.k, cache.v, cfg, lengths, cache.saved)
     for name, dh in zip("qkv", dqkv):
         if dh is None:                                        # LSH: W_K unused
             grads["w" + name], grads["b" + name] = (np.zeros_like(p["w" + name]),

@@ -10,7 +10,8 @@ and at the end out_b = O / l and the log-sum-exp lse = m + log l (B,), kept for 
 Backward (given dout), with D = rowsum(dout * out), for each key block, over query blocks:
     P = exp(scale Q_b K_c^T - lse),  dV_c += P^T dO_b,  dP = dO_b V_c^T,
     dL = P * (dP - D),  dK_c += scale dL^T Q_b,  dQ_b += scale dL K_c.
-``attend_backward`` takes no forward output, so it runs the forward first for out, lse and D.
+``attend`` returns lse with ``return_lse``, and ``attend_backward`` takes it with out
+(``out``, ``lse``); without them it runs the forward first for out, lse and D.
 The products are BLAS (``blas.gemm``, adding into dK_c, dV_c, dQ_b and O); the element loops
 between them are ``flash_tiles``'s, on tiles held transposed (keys x queries). Each unit
 copies the operand it keeps (Q_b^T forward, K_c^T and V_c^T backward) into scratch: OpenBLAS
@@ -35,8 +36,8 @@ Memory: out, lse and D (Nq (M + 2)) in the backward, the dq copies, and O(B C) s
 unit; never Nq x Nk. Cost: O(Nq Nk (D + M)) time, halved when causal.
 It replaced row-by-row loops, several times slower. Against PyTorch's
 scaled_dot_product_attention the benchmark's head-to-head rounds measure it
-(``docs/performance.md``); this backward reruns the forward, nine products per tile against
-SDPA's seven, which is most of the gap there.
+(``docs/performance.md``). Given the forward's out and lse, the backward makes five products a
+tile; without them it reruns the forward first (two more).
 Oracle: ``linattn.forms.softmax`` (NumPy). Same signatures: already validated arrays.
 """
 import math
@@ -51,7 +52,7 @@ from .chunked import SINGLE_THREAD_PRODUCT
 from .._checks import rows as as_rows
 from ..forms.padding import drop_padded
 
-SUPPORTS = frozenset({"non_causal", "key_mask"})  # options taken by keyword (dispatch)
+SUPPORTS = frozenset({"non_causal", "key_mask", "lse"})  # options taken by keyword (dispatch)
 
 # Queries per block B, and keys per block C <= PRODUCT_BUDGET / (B max(D, M)), so each
 # product (B C max(D, M) multiply-adds) stays under OpenBLAS's threading threshold
@@ -101,9 +102,11 @@ def _real_keys(q_rows, k, key_mask):
     return np.ascontiguousarray(key_mask.reshape(q_rows.shape[0], k.shape[-2]))
 
 
-def attend(q, k, v, *, causal, scale, key_mask=None):
+def attend(q, k, v, *, causal, scale, key_mask=None, return_lse=False):
     """out = softmax(scale q k^T) v (Eq. 2; causal: j <= i, Eq. 8) by the online softmax;
-    padded keys (``key_mask`` (..., Nk) False) get probability 0.
+    padded keys (``key_mask`` (..., Nk) False) get probability 0. With ``return_lse``,
+    (out, lse): lse (..., Nq) the log-sum-exp of each query's logits, -inf for a query
+    whose keys are all padded, for ``attend_backward``.
 
     Shapes q (..., Nq, D), k (..., Nk, D), v (..., Nk, M) -> (..., Nq, M); causal needs
     Nq == Nk. Cost O(Nq Nk (D + M)) time, O(B C) memory per unit besides out and lse.
@@ -118,35 +121,56 @@ def attend(q, k, v, *, causal, scale, key_mask=None):
     forward = _forward if _parallel(q, k, v, causal) else _forward_serial
     forward(q_rows, k_rows, v_rows, none, real, causal, v.dtype.type(scale),
             *tiles(q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]), out, lse, lse[:0])
-    return out.reshape((*q.shape[:-1], v.shape[-1]))
+    out = out.reshape((*q.shape[:-1], v.shape[-1]))
+    return (out, lse.reshape(q.shape[:-1])) if return_lse else out
 
 
-def attend_backward(dout, q, k, v, *, causal, scale, key_mask=None):
+def attend_backward(dout, q, k, v, *, causal, scale, key_mask=None, out=None, lse=None):
     """(dq, dk, dv) of ``attend``: dv = P^T dout, dL = P * (dout v^T - rowsum(dout * out)),
     dq = scale dL k, dk = scale dL^T q, with P rebuilt tile by tile from the forward's
-    log-sum-exp, never stored; exactly 0 dk, dv at padded keys. Cost about 3.5 forwards (the
-    forward included)."""
+    log-sum-exp, never stored; exactly 0 dk, dv at padded keys. Given the forward's ``out``
+    (..., Nq, M) and ``lse`` (..., Nq) (``attend`` with ``return_lse``), it uses them; else
+    it runs the forward first. Cost about 2.5 forwards, 3.5 with the forward."""
     _check_keys(q, k, causal)
     k, v = drop_padded(k, v, key_mask)
     q_rows, k_rows, v_rows, dout_rows = (as_rows(x) for x in (q, k, v, dout))
     real = _real_keys(q_rows, k, key_mask)
     scale = v.dtype.type(scale)
     block_q, block_k = tiles(q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1])
-    out = np.empty_like(dout_rows)                                       # (R, Nq, M)
-    lse, delta = np.empty((2, *out.shape[:-1]), dtype=v.dtype)           # (R, Nq) each
+    delta = np.empty(dout_rows.shape[:-1], dtype=v.dtype)               # (R, Nq)
     parallel = _parallel(q, k, v, causal)
     forward, backward = (_forward, _backward) if parallel else (_forward_serial,
                                                                 _backward_serial)
-    forward(q_rows, k_rows, v_rows, dout_rows, real, causal, scale, block_q, block_k, out,
-            lse, delta)
+    if lse is None:
+        out_rows, lse_rows = np.empty_like(dout_rows), np.empty_like(delta)
+        forward(q_rows, k_rows, v_rows, dout_rows, real, causal, scale, block_q, block_k,
+                out_rows, lse_rows, delta)
+    else:
+        lse_rows = np.ascontiguousarray(lse.reshape(delta.shape))
+        (_row_dots if parallel else _row_dots_serial)(dout_rows, as_rows(out), delta)
     threads = numba.get_num_threads() if parallel else 1
     n_segments = threads // math.gcd(max(1, q_rows.shape[0]), threads)
     dq_parts = np.zeros((n_segments, *q_rows.shape), dtype=v.dtype)      # (S, R, Nq, D)
     dk, dv = np.zeros_like(k_rows), np.zeros_like(v_rows)
-    backward(q_rows, k_rows, v_rows, dout_rows, real, lse, delta, causal, scale, block_q,
-             block_k, dq_parts, dk, dv)
+    backward(q_rows, k_rows, v_rows, dout_rows, real, lse_rows, delta, causal, scale,
+             block_q, block_k, dq_parts, dk, dv)
     dq = dq_parts[0] if n_segments == 1 else dq_parts.sum(axis=0)
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _row_dots(dout, out, delta):
+    """delta (R, Nq) = rowsum(dout * out) of (R, Nq, M) arrays, the backward's D; rows in
+    parallel."""
+    for r in prange(dout.shape[0]):
+        tile.row_dots(dout[r], out[r], delta[r])
+
+
+@njit(cache=True, error_model="numpy")
+def _row_dots_serial(dout, out, delta):
+    """``_row_dots`` on the calling thread."""
+    for r in range(dout.shape[0]):
+        tile.row_dots(dout[r], out[r], delta[r])
 
 
 @njit(parallel=True, cache=True, error_model="numpy")

@@ -18,12 +18,13 @@ arXiv:2006.16236, sections 3.3-3.4 and Fig. 1). One run measures:
   attention and pytorch-fast-transformers, run by ``peers`` in a subprocess;
 - head to head: the summary's ratios again, in rounds that take each side in turn
   (``head_to_head``), since the tables' cases lie minutes apart on a machine whose load
-  comes and goes;
+  comes and goes; with the tiled softmax's products alone (``floors``);
 - a summary of ratios computed from the above (``report.summary``).
 
 Writes ``bench.json`` (machine, configuration, every number), ``bench_*.csv`` and a readable
 ``bench.txt`` into ``--out``; ``--quick`` finishes in well under a minute.
 """
+import functools
 import json
 import os
 import subprocess
@@ -32,7 +33,7 @@ import sys
 import numpy as np
 from tqdm import tqdm
 
-from . import cases, report, timing
+from . import cases, floors, report, timing
 from .. import isa
 from ..._cli_types import (Parser, executable, non_negative_float, out_dir, positive_float,
                           positive_int)
@@ -128,16 +129,18 @@ def head_to_head(cfg, progress):
     ``cfg.repeats``), the median seconds per token of 1024 RNN steps (the functional
     ``linear_attention_step`` and ``Recurrence.step``) and of 1024 passes over an array the
     size of the state (``np.add``, the floor of a step); the forward and
-    forward + backward of each other case of ``cases.PAIRS`` (best of ``cfg.repeats``); the
-    peers' side of every pair and pft's step (one ``peers.py`` subprocess; None without it);
-    and the matmul ceiling. A load that comes and goes over seconds to minutes then weighs on
-    both sides of each round's ratios alike; the summary takes their median over the rounds."""
+    forward + backward of each other case of ``cases.PAIRS`` that runs (``--cases``, and
+    ``cases.ALWAYS_HEAD_TO_HEAD``), best of ``cfg.repeats``, and the tiled softmax's
+    products alone (``floors``); the peers' side of every pair and pft's step (one
+    ``peers.py`` subprocess; None without it); and the matmul ceiling. A load that comes
+    and goes over seconds to minutes then weighs on both sides of each round's ratios
+    alike; the summary takes their median over the rounds."""
     q, k, v, dout = cases.inputs(cfg.batch, cfg.heads, cfg.compare_n, cfg.dim, cfg.value_dim,
                                  cfg.dtype)
     steps = cases.tokens(*cases.inputs(1, cfg.heads, 1024, cfg.dim, cfg.value_dim,
                                        cfg.dtype, seed=1)[:3])
     pairs = [(ours, peer) for ours, peer in cases.PAIRS if ours in cfg.cases
-             or ours == "causal numba"]
+             or ours in cases.ALWAYS_HEAD_TO_HEAD]
     config = {"head_to_head": True, "n": cfg.compare_n, "steps": len(steps[0]),
               "cases": [peer for _, peer in pairs]}
     rounds = []
@@ -145,12 +148,15 @@ def head_to_head(cfg, progress):
         cases.advance(progress, f"head to head, round {r + 1}")
         row = {}
         for ours, _ in pairs:
-            forward, backward = cases.CASES[ours]
+            forward, forward_backward = cases.CASES[ours]
             timing.settle(cfg.pause)
             fwd = timing.seconds(lambda: forward(q, k, v), cfg.repeats)[1]
-            both = timing.seconds(lambda: (forward(q, k, v), backward(q, k, v, dout)),
-                                  cfg.repeats)[1]
+            both = timing.seconds(lambda: forward_backward(q, k, v, dout), cfg.repeats)[1]
             row.update({f"{ours} forward_s": fwd, f"{ours} forward_backward_s": both})
+            if ours in cases.SOFTMAX_FLOORS:          # the same tiles' products alone
+                products = functools.partial(floors.softmax_products, q, k, v,
+                                             cases.SOFTMAX_FLOORS[ours])
+                row[f"{ours} products_s"] = timing.seconds(products, cfg.repeats)[1]
         row["forward_s"] = row["causal numba forward_s"]          # the headline case
         row["forward_backward_s"] = row["causal numba forward_backward_s"]
         row["step_s"] = float(np.median(cases.step_seconds(*steps)))

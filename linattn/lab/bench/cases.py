@@ -1,11 +1,12 @@
 """What the benchmark measures with linattn itself: time and memory against N for each form of
 attention, the loops-versus-blocks crossover, and the cost of generating one token.
 
-Every case is a pair (forward, forward + backward) of closures over float arrays of shape
-(batch, heads, N, D); a case stops growing N once one forward + backward takes longer than
-the time budget, and softmax on NumPy once its N x N matrices would not fit in memory.
-With ``--tokens T`` the batch shrinks as N grows, batch = max(1, T // N), as in the paper's
-Figure 1, so that time and memory per sample can be compared across N at a constant load.
+Every case is a pair of closures over float arrays of shape (batch, heads, N, D): the forward
+(q, k, v), and the forward and backward as a training step runs them (q, k, v, dout). A case
+stops growing N once one forward + backward takes longer than the time budget, and softmax
+on NumPy once its N x N matrices would not fit in memory. With ``--tokens T`` the batch
+shrinks as N grows, batch = max(1, T // N), as in the paper's Figure 1, so that time and
+memory per sample can be compared across N at a constant load.
 """
 import functools
 import time
@@ -19,31 +20,41 @@ from ... import (Recurrence, delta_rule_attention, delta_rule_attention_backward
 from . import timing
 
 
+def _pair(forward, backward):
+    """(forward, forward then backward) of a form whose backward takes q, k, v and dout."""
+    return forward, lambda q, k, v, dout: (forward(q, k, v), backward(q, k, v, dout))
+
+
 def _linear(causal, method, backend):
     kw = dict(causal=causal, method=method, backend=backend)
-    return (lambda q, k, v: linear_attention(q, k, v, **kw),
-            lambda q, k, v, dout: linear_attention_backward(dout, q, k, v, **kw))
+    return _pair(lambda q, k, v: linear_attention(q, k, v, **kw),
+                 lambda q, k, v, dout: linear_attention_backward(dout, q, k, v, **kw))
 
 
 def _softmax(backend, causal=True):
+    """Softmax attention; the backward takes the forward's output and log-sum-exp, as
+    autograd keeps them for PyTorch's."""
     kw = dict(causal=causal, backend=backend)
-    return (lambda q, k, v: softmax_attention(q, k, v, **kw),
-            lambda q, k, v, dout: softmax_attention_backward(dout, q, k, v, **kw))
+
+    def forward_backward(q, k, v, dout):
+        out, lse = softmax_attention(q, k, v, return_lse=True, **kw)
+        return out, softmax_attention_backward(dout, q, k, v, out=out, lse=lse, **kw)
+    return lambda q, k, v: softmax_attention(q, k, v, **kw), forward_backward
 
 
 def _lsh(rounds):
     """Reformer attention of ``rounds`` hash rounds, chunks of 32 (the paper's lsh-1/4/8),
     not causal, with q as the shared queries-and-keys (k is not used)."""
     kw = dict(n_hashes=rounds, chunk_size=32, backend="numba")
-    return (lambda q, k, v: lsh_attention(q, v, **kw),
-            lambda q, k, v, dout: lsh_attention_backward(dout, q, v, **kw))
+    return _pair(lambda q, k, v: lsh_attention(q, v, **kw),
+                 lambda q, k, v, dout: lsh_attention_backward(dout, q, v, **kw))
 
 
 def _decay(method, backend):
     """Causal linear attention whose state decays by 0.99 a position (RetNet's scalar decay)."""
     kw = dict(causal=True, method=method, backend=backend, decay=0.99)
-    return (lambda q, k, v: linear_attention(q, k, v, **kw),
-            lambda q, k, v, dout: linear_attention_backward(dout, q, k, v, **kw))
+    return _pair(lambda q, k, v: linear_attention(q, k, v, **kw),
+                 lambda q, k, v, dout: linear_attention_backward(dout, q, k, v, **kw))
 
 
 def _delta(method, backend):
@@ -52,11 +63,12 @@ def _delta(method, backend):
 
     def beta(v):
         return np.full(v.shape[:-1], 0.5, v.dtype)
-    return (lambda q, k, v: delta_rule_attention(q, k, v, beta(v), **kw),
-            lambda q, k, v, dout: delta_rule_attention_backward(dout, q, k, v, beta(v), **kw))
+    return _pair(lambda q, k, v: delta_rule_attention(q, k, v, beta(v), **kw),
+                 lambda q, k, v, dout: delta_rule_attention_backward(dout, q, k, v, beta(v),
+                                                                     **kw))
 
 
-# name -> (forward, backward); softmax is causal, like the linear forms named so
+# name -> (forward, forward + backward); softmax is causal, like the linear forms named so
 CASES = {
     "softmax numpy": _softmax("numpy"),
     "softmax numba": _softmax("numba"),
@@ -87,6 +99,11 @@ SCALING = tuple(name for name in CASES
 PAIRS = (("causal numba", "pft causal linear"), ("softmax numba", "torch softmax"),
          ("softmax numba non-causal", "torch softmax non-causal"),
          ("lsh-1 numba", "pft reformer-1"), ("lsh-4 numba", "pft reformer-4"))
+# the pairs the head to head times whatever ``--cases`` says: the headline, and softmax
+# without a mask, which the scaling leaves out
+ALWAYS_HEAD_TO_HEAD = ("causal numba", "softmax numba non-causal")
+# the softmax cases whose products alone the head to head times (``floors``): name -> causal
+SOFTMAX_FLOORS = {"softmax numba": True, "softmax numba non-causal": False}
 CROSSOVER = ("causal numba loops", "causal numba chunked", "non-causal numba loops",
              "non-causal numba")
 
@@ -125,10 +142,10 @@ def _available_bytes():
 def measure(name, q, k, v, dout, repeats, pause, memory=True):
     """One point: forward and forward + backward seconds, and the peak extra bytes of a
     forward + backward, after a ``pause`` of seconds (``timing.settle``)."""
-    forward, backward = CASES[name]
+    forward, forward_backward = CASES[name]
 
     def both():
-        return forward(q, k, v), backward(q, k, v, dout)
+        return forward_backward(q, k, v, dout)
 
     timing.settle(pause)
     reps = repeats if timing.once(both) < 2.0 else 1         # warm-up, and a size probe

@@ -58,6 +58,23 @@ def summary(results):
         (f"causal forward N={n}, heads=1: {threads['threads']} threads / 1 thread speedup",
          _ratio(threads["one_s"], threads["all_s"])),
     ]
+    # causal softmax's two products, q k^T and P v, over the N^2 / 2 pairs (i, j <= i)
+    softmax_flops = n * n * (cfg["dim"] + cfg["value_dim"]) * cfg["batch"] * cfg["heads"]
+    rows += [(f"{name} forward N={n}: fraction of float32 matmul GFLOP/s",
+              _median_ratio(rounds, lambda r, name=name: _ratio(
+                  softmax_flops / 1e9, r.get(f"{name} forward_s")),
+                  lambda r: r["ceiling_gflops"]))
+             for name in ("softmax numba", "torch softmax")
+             if any(r.get(f"{name} forward_s") is not None for r in rounds)]
+    for ours, peer in PAIRS:                # the tiled softmax's products alone (floors)
+        if not any(r.get(f"{ours} products_s") is not None for r in rounds):
+            continue
+        rows += [(f"{ours} forward N={n}: its products alone / the whole forward",
+                  _median_ratio(rounds, lambda r, o=ours: r.get(f"{o} products_s"),
+                                lambda r, o=ours: r.get(f"{o} forward_s"))),
+                 (f"forward N={n}: {peer} / {ours}'s products alone",
+                  _median_ratio(rounds, lambda r, p=peer: r.get(f"{p} forward_s"),
+                                lambda r, o=ours: r.get(f"{o} products_s")))]
     big = max((r for r in scaling if r["case"] == "causal numba"), key=lambda r: r["n"],
               default=None)
     if big is not None:

@@ -72,8 +72,9 @@ def attention_fused(p, x, cfg, lengths=None):
                                          cfg.n_heads)
     heads_in = dict(zip(names, parts))
     q, k, v = heads_in["q"], heads_in.get("k"), heads_in["v"]
-    heads = fused.projections_from_heads(attend(q, k, v, cfg, lengths))  # (B N, d_model)
-    return (heads @ p["wo"]).reshape(b, n, d), AttentionCache(q, k, v, heads)
+    out, saved = attend(q, k, v, cfg, lengths, save=True)
+    heads = fused.projections_from_heads(out)                          # (B N, d_model)
+    return (heads @ p["wo"]).reshape(b, n, d), AttentionCache(q, k, v, heads, saved=saved)
 
 
 def attention_fused_backward(dy, p, x, cache, cfg, lengths=None):
@@ -88,7 +89,7 @@ def attention_fused_backward(dy, p, x, cache, cfg, lengths=None):
     dy2 = dy.reshape(-1, d)
     grads = {"wo": cache.heads.reshape(-1, d).T @ dy2, "bo": dy2.sum(axis=0)}
     dout = split_heads((dy2 @ p["wo"].T).reshape(b, n, d), cfg.n_heads)
-    dq, dk, dv = attend_backward(dout, cache.q, cache.k, cache.v, cfg, lengths)
+    dq, dk, dv = attend_backward(dout, cache.q, cache.k, cache.v, cfg, lengths, cache.saved)
     dproj = fused.projections_from_heads(*(dh for dh in (dq, dk, dv) if dh is not None))
     # dproj: (B N, P d_model), the gradient of the one product's output
     dx = (dproj @ _stacked(p, names, "w").T).reshape(x.shape)
