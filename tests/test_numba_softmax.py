@@ -266,6 +266,8 @@ def test_tiles_stay_small_and_products_on_one_thread():
         block_q, block_k = softmax.tiles(nq, nk, d, m)
         assert block_q * block_k <= softmax.TILE_BUDGET
         assert block_q * block_k * max(d, m) < softmax.SINGLE_THREAD_PRODUCT
+        for block, n in ((block_q, nq), (block_k, nk)):    # whole vectors where it can
+            assert block % softmax.ALIGN == 0 or block < softmax.ALIGN or block == n
 
 
 def _forward_and_backward(attend, attend_backward, q, k, v, dout, causal):

@@ -54,14 +54,17 @@ from ..forms.padding import drop_padded
 
 SUPPORTS = frozenset({"non_causal", "key_mask", "lse"})  # options taken by keyword (dispatch)
 
-# Queries per block B, and keys per block C <= PRODUCT_BUDGET / (B max(D, M)), so each
-# product (B C max(D, M) multiply-adds) stays under OpenBLAS's threading threshold
-# (``chunked.SINGLE_THREAD_PRODUCT``), and C <= TILE_BUDGET / B, the tile (C, B) in L1-L2.
-# Tiles from 48 to 128 on a side timed within the noise of each other at the benchmark's
-# shape (D = M = 64, 8 heads), so B = C = 64.
-QUERY_BLOCK = 64
-PRODUCT_BUDGET = SINGLE_THREAD_PRODUCT // 2
+# Queries per block B and keys per block C: each product (B C max(D, M) multiply-adds)
+# stays under OpenBLAS's threading threshold (``chunked.SINGLE_THREAD_PRODUCT``), and the
+# tile (C, B) within TILE_BUDGET, in L1-L2; both multiples of ALIGN where they can be. The
+# largest products under the threshold beat B = C = 64 (a product of 2^18) at D = M = 64
+# forward and forward + backward with OpenBLAS's Haswell kernel, matched it with its
+# SkylakeX kernel, and beat it with both at D = M = 128 (8 heads, N = 4096, 2 threads): the
+# smaller products lose more to each call's overhead where the vectors are narrower.
+QUERY_BLOCK = 96
+PRODUCT_BUDGET = SINGLE_THREAD_PRODUCT - 1
 TILE_BUDGET = 2 ** 14
+ALIGN = 16
 # Less work than this, R Nq Nk (D + M) multiply-adds, runs on the calling thread. At 2^22
 # (one generation step, Nq = 1, of 8 heads against 4096 keys, D = M = 64) two threads
 # halved the time on an idle machine but took many times longer while other processes held
@@ -70,13 +73,19 @@ PARALLEL_WORK = 2 ** 23
 
 
 def tiles(n_queries, n_keys, d, m):
-    """(B, C): queries and keys per tile, square for wide heads (32 x 32 at D = M = 256).
+    """(B, C): queries and keys per tile; (80, 96) at D = M = 64, (32, 48) at D = M = 256.
     Few queries (generation: Nq = 1) get long key blocks, so a step against a cache of 4096
-    keys is a handful of products."""
+    keys is one product."""
     wide = max(d, m, 1)
-    block_q = max(1, min(QUERY_BLOCK, math.isqrt(PRODUCT_BUDGET // wide), n_queries))
-    block_k = min(PRODUCT_BUDGET // (block_q * wide), TILE_BUDGET // block_q)
+    block_q = min(QUERY_BLOCK, _aligned(math.isqrt(PRODUCT_BUDGET // wide)))
+    block_q = max(1, min(block_q, n_queries))
+    block_k = _aligned(min(PRODUCT_BUDGET // (block_q * wide), TILE_BUDGET // block_q))
     return block_q, max(1, min(n_keys, block_k))
+
+
+def _aligned(n):
+    """n rounded down to a multiple of ALIGN, when it is at least ALIGN."""
+    return n - n % ALIGN if n >= ALIGN else n
 
 
 def _parallel(q, k, v, causal):
