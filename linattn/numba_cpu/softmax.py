@@ -19,7 +19,7 @@ multiplied a C-ordered matrix by a transposed one markedly slower than in the ot
 layouts.
 
 Work. Forward units are (row of batch x heads, query block); causal, block i is paired
-with block n - 1 - i, so every unit does n + 1 key blocks and the threads get equal shares
+with block n - 1 - i, so every unit covers about the same keys, (n + 1) B, and the threads get equal shares
 even for one head. Backward units are (row, segment of the key blocks); the key blocks are
 dealt to the segments in turn (causal: pairs, as above), each unit owning its dK_c, dV_c.
 dq sums over key blocks: each segment adds into its own copy of dq, summed at the end. There
@@ -211,7 +211,7 @@ def _forward_units(q, block_q, causal):
 def _forward_unit(unit, q, k, v, dout, real, causal, scale, block_q, block_k, out, lse,
                   delta):
     """One unit: query block b of row r, and causal, also block n - 1 - b, so that every
-    unit sees n + 1 key blocks."""
+    unit covers about (n + 1) B keys."""
     n_queries = q.shape[1]
     blocks = -(-n_queries // block_q)
     per_row = (blocks + 1) // 2 if causal else blocks
