@@ -21,7 +21,8 @@ layouts.
 Work. Forward units are (row of batch x heads, query block); causal, block i is paired
 with block n - 1 - i, so every unit covers about the same keys, (n + 1) B, and the threads
 get equal shares even for one head. Backward units are (row, segment of the key blocks);
-the key blocks are dealt to the segments in turn (causal: pairs, as above), each unit owning its dK_c, dV_c.
+the key blocks are dealt to the segments in turn (causal: pairs, as above), each unit
+owning its dK_c, dV_c.
 dq sums over key blocks: each segment adds into its own copy of dq, summed at the end. There
 is one segment per row when the rows share out evenly over the threads (8 heads on 2
 threads: no copy), else ``threads / gcd(rows, threads)`` (1 head on 2 threads: 2 copies).
