@@ -140,7 +140,8 @@ def attend_backward(dout, q, k, v, *, causal, scale, key_mask=None, out=None, ls
     dq = scale dL k, dk = scale dL^T q, with P rebuilt tile by tile from the forward's
     log-sum-exp, never stored; exactly 0 dk, dv at padded keys. Given the forward's ``out``
     (..., Nq, M) and ``lse`` (..., Nq) (``attend`` with ``return_lse``), it uses them; else
-    it runs the forward first. Cost about 2.5 forwards, 3.5 with the forward."""
+    it runs the forward first. Work: five products a tile against the forward's two; seven
+    when it reruns the forward."""
     _check_keys(q, k, causal)
     k, v = drop_padded(k, v, key_mask)
     q_rows, k_rows, v_rows, dout_rows = (as_rows(x) for x in (q, k, v, dout))
@@ -263,7 +264,8 @@ def _forward_block(q, k, v, real, causal, scale, i0, i1, block_k, out, lse, scra
 def _backward(q, k, v, dout, real, lse, delta, causal, scale, block_q, block_k, dq_parts, dk,
               dv):
     """dk, dv (R, Nk, D / M) and dq_parts (S, R, Nq, D), dq's share from each of S segments
-    of key blocks, all zeroed by the caller; lse, delta (R, Nq) from ``_forward``. Units
+    of key blocks, all zeroed by the caller; lse, delta (R, Nq) from ``_forward``
+    (or the caller's lse and ``_row_dots``). Units
     (rows x segments) in parallel."""
     for unit in prange(k.shape[0] * dq_parts.shape[0]):
         _backward_unit(np.int64(unit), q, k, v, dout, real, lse, delta, causal, scale,

@@ -33,7 +33,7 @@ def _linear(causal, method, backend):
 
 def _softmax(backend, causal=True):
     """Softmax attention; the backward takes the forward's output and log-sum-exp, as
-    autograd keeps them for PyTorch's."""
+    PyTorch's flash-attention kernel keeps them for its backward."""
     kw = dict(causal=causal, backend=backend)
 
     def forward_backward(q, k, v, dout):
@@ -99,8 +99,8 @@ SCALING = tuple(name for name in CASES
 PAIRS = (("causal numba", "pft causal linear"), ("softmax numba", "torch softmax"),
          ("softmax numba non-causal", "torch softmax non-causal"),
          ("lsh-1 numba", "pft reformer-1"), ("lsh-4 numba", "pft reformer-4"))
-# the pairs the head to head times whatever ``--cases`` says: the headline, and softmax
-# without a mask, which the scaling leaves out
+# the pairs the head to head times whatever ``--cases`` says: the headline, and the
+# non-causal softmax, which the scaling leaves out
 ALWAYS_HEAD_TO_HEAD = ("causal numba", "softmax numba non-causal")
 # the softmax cases whose products alone the head to head times (``floors``): name -> causal
 SOFTMAX_FLOORS = {"softmax numba": True, "softmax numba non-causal": False}
