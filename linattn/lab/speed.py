@@ -1,7 +1,7 @@
 """Generation speed at the paper's MNIST shape: the RNN form against softmax with a
 key/value cache and softmax recomputing the prefix, Tables 1, 4 and 5 of Katharopoulos et
 al. (2020), arXiv:2006.16236 (section 4.2 and appendix C), and the authors' own recurrent
-model (pytorch-fast-transformers, run by ``linattn/bench/peer_generate.py``) when an
+model (pytorch-fast-transformers, run by ``linattn/lab/bench/peer_generate.py``) when an
 interpreter that has it is given.
 
 The model is the paper's MNIST transformer (section 4.2.1): 8 layers, 8 heads of 32,
@@ -48,8 +48,7 @@ THREADS = 2
 PROBE_LIMIT = 1024
 # how the cost of one token grows with its position t: t^0, t^1, t^2
 GROWTH = {"recurrent": 0, "cache": 1, "recompute": 2}
-PEER_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench",
-                           "peer_generate.py")
+PEER_SCRIPT = os.path.join(os.path.dirname(__file__), "bench", "peer_generate.py")
 
 
 def estimate_seconds(token_seconds, n, growth, probe_limit=PROBE_LIMIT, points=6):
