@@ -34,3 +34,16 @@ def test_an_interpreter_without_the_peers_is_skipped_with_a_note(capsys):
     text = capsys.readouterr().out
     assert "none ran: no torch" in text
     assert text.rstrip().splitlines()[-1].split()[2:] == ["-", "-"]
+
+
+def test_records_the_instruction_set_of_each_side(tmp_path, capsys, monkeypatch):
+    from linattn.lab import isa
+    for name in isa.AVX2_ENVIRONMENT:                   # this process runs natively
+        monkeypatch.delenv(name, raising=False)
+    out = tmp_path / "step.json"
+    assert train_step.main(TINY + ["--batch", "2", "--rounds", "1", "--no-peers",
+                                   "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["machine"]["instruction_set"]["mode"] in ("native", "avx2")
+    assert "peer_cpu_capability" in result and result["peer_cpu_capability"] is None
+    assert "instruction set: ours native (numba" in capsys.readouterr().out

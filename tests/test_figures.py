@@ -141,3 +141,36 @@ def test_generation_speed_rejects_rows_without_a_batch(tmp_path):
         figures.generation_speed([], tmp_path / "g")
     with pytest.raises(ValueError, match="'batch'"):
         figures.generation_speed([{"name": "a", "images_per_s": 1.0}], tmp_path / "g")
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_benchmark_step_runs_the_training_step_in_both_modes_unless_quick(
+        monkeypatch, tmp_path, quick):
+    """Not quick, ``_benchmark`` adds the AVX2 head to head and one training step per mode
+    (native into data/, AVX2 into data/avx2/); quick runs none of these subprocesses."""
+    from linattn.lab import figures, measure
+    calls = []
+    meta = {"machine": "m", "dtype": "float32", "budget": 1.0, "peers": "none"}
+    monkeypatch.setattr(measure, "benchmark_rows", lambda *a: ([], [], meta))
+    monkeypatch.setattr(measure, "avx2_head_to_head", lambda *a: calls.append(("bench",)))
+    monkeypatch.setattr(measure, "train_step_head_to_head",
+                        lambda path, mode, peer: calls.append((path, mode, peer)))
+    for draw in ("time_vs_n", "memory_vs_n", "time_per_token"):
+        monkeypatch.setattr(figures, draw, lambda *a, **k: ())
+    figures._benchmark(tmp_path, quick, "c", "PEER")
+    want = [] if quick else [("bench",),
+                             (tmp_path / "data" / "train_step.json", "native", "PEER"),
+                             (tmp_path / "data" / "avx2" / "train_step.json", "avx2", "PEER")]
+    assert calls == want
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_generation_step_runs_the_avx2_rnns_unless_quick(monkeypatch, tmp_path, quick):
+    from linattn.lab import figures, measure, speed
+    calls = []
+    monkeypatch.setattr(speed, "speed_table", lambda **kw: ([], {}))
+    monkeypatch.setattr(measure, "avx2_generation", lambda *a: calls.append(a))
+    monkeypatch.setattr(figures, "generation_figure", lambda rows, meta, out: ())
+    figures._generation(tmp_path, quick, "c", "PEER")
+    assert calls == ([] if quick else
+                     [(tmp_path / "data" / "avx2" / "generation_speed.csv", "PEER")])

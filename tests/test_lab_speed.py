@@ -111,6 +111,7 @@ def test_peer_rows_join_the_table_with_their_ratio(monkeypatch, tmp_path):
     rnn = {r["batch"]: r["seconds"] for r in rows if r["name"] == speed.NAMES["recurrent"]}
     assert all(r["vs_rnn"] == pytest.approx(r["seconds"] / rnn[r["batch"]]) for r in peers)
     assert "2 threads" in meta["peers"] and "BLAS none" in meta["peers"]
+    assert meta["peer_cpu_capability"] is None             # the fake peer does not say
 
 
 @pytest.mark.parametrize("interpreter, why", [(sys.executable, "no fast_transformers"),
@@ -136,6 +137,7 @@ def test_peer_script_generates_with_pft_and_prints_json():
                          capture_output=True, text=True, check=True)
     result = json.loads(run.stdout)
     assert result["threads"] == 2 and result["fast_transformers"]
+    assert result["cpu_capability"]                         # the vector kernels torch picked
     assert [r["batch"] for r in result["rows"]] == [1, 3]
     assert all(0 < r["best_seconds"] <= r["seconds"] for r in result["rows"])
 
@@ -153,21 +155,24 @@ def test_cli_parses_and_prints_the_table_and_csv(monkeypatch, tmp_path, capsys):
     from linattn.lab.speed import main as speed_main
     seen = {}
 
-    def fake_table(batches, rounds, peer_python, budget_s):
-        seen.update(batches=batches, rounds=rounds, peer=peer_python, budget=budget_s)
+    def fake_table(batches, rounds, peer_python, budget_s, forms):
+        seen.update(batches=batches, rounds=rounds, peer=peer_python, budget=budget_s,
+                    forms=forms)
         return _fixture_rows(), {"machine": "m", "threads": "t", "peers": "p",
                                  "dtype": "float32", "model": "tiny", "rounds": str(rounds)}
     monkeypatch.setattr(speed, "speed_table", fake_table)
     out = tmp_path / "sub" / "speed.csv"
     assert speed_main(["--batch", "1", "4", "--rounds", "2", "--peer-python", sys.executable,
                        "--budget", "5", "--csv", str(out)]) == 0
-    assert seen == dict(batches=[1, 4], rounds=2, peer=sys.executable, budget=5.0)
+    assert seen == dict(batches=[1, 4], rounds=2, peer=sys.executable, budget=5.0,
+                        forms=speed.FORMS)
     printed = capsys.readouterr().out
     assert "softmax, recomputing" in printed and "estimated" in printed
     back, meta = read_csv(out)
     assert [(r["name"], r["batch"]) for r in back] == [(r["name"], r["batch"])
                                                         for r in _fixture_rows()]
     assert meta["figure"] == "generation_speed" and meta["machine"] == "m"
+    assert meta["date"]                                   # the page names the run's date
 
 
 @pytest.mark.parametrize("argv", [["--batch", "0"], ["--rounds", "0"], ["--batch", "x"]])
@@ -184,3 +189,31 @@ def test_default_shape_is_the_papers_mnist_model():
                                                                                1024)
     assert cfg.vocab_size == 256 and speed.N_MNIST == 28 * 28 and cfg.dtype == "float32"
     assert speed.THREADS == 2
+
+
+def test_rnn_forms_alone_with_the_instruction_set(monkeypatch, tmp_path):
+    """The AVX2-mode run's table: linattn's RNN (and its floor) and the peer's, no softmax;
+    the meta names our instruction set and the peer's vector kernels."""
+    script = tmp_path / "fake_peer.py"
+    script.write_text(FAKE_PEER.replace('"blas": "none",', '"blas": "none", '
+                                        '"cpu_capability": "AVX2",'))
+    monkeypatch.setattr(speed, "PEER_SCRIPT", str(script))
+    rows, meta = _table(forms=speed.RNN_FORMS, peer_python=sys.executable)
+    assert [(r["name"], r["batch"]) for r in rows] == [
+        (speed.NAMES["recurrent"], 1), (speed.FLOOR_NAME, 1), (speed.NAMES["recurrent"], 2),
+        (speed.FLOOR_NAME, 2), (speed.PEER_NAME, 1), (speed.PEER_NAME, 2)]
+    assert meta["peer_cpu_capability"] == "AVX2" and "capability AVX2" in meta["peers"]
+    assert meta["instruction_set"].startswith(("native (numba", "AVX2 mode (numba"))
+
+
+def test_cli_rnn_only_passes_the_rnn_forms(monkeypatch):
+    from linattn.lab.speed import main as speed_main
+    seen = {}
+
+    def fake_table(batches, rounds, peer_python, budget_s, forms):
+        seen["forms"] = forms
+        return _fixture_rows()[:2], {"machine": "m", "threads": "t", "peers": "p",
+                                     "dtype": "float32", "model": "tiny", "rounds": "1"}
+    monkeypatch.setattr(speed, "speed_table", fake_table)
+    assert speed_main(["--rnn-only", "--batch", "1", "--rounds", "1"]) == 0
+    assert seen["forms"] == speed.RNN_FORMS

@@ -42,3 +42,63 @@ def test_missing_files_are_said(tmp_path):
 def test_page_path():
     assert performance_page.page_path("figures") == pathlib.Path("docs/performance.md")
     assert performance_page.page_path("/tmp/x") == pathlib.Path("/tmp/x/performance.md")
+
+
+def _train_step_json(path, mode, ratio, capability):
+    import json
+    path.parent.mkdir(parents=True, exist_ok=True)
+    isa_ = {"mode": mode, "numba_cpu": "haswell" if mode == "avx2" else "znver4",
+            "numba_avx512": mode != "avx2", "openblas_coretype": "Haswell"}
+    path.write_text(json.dumps({
+        "machine": {"date": f"date-{mode}", "instruction_set": isa_}, "threads": "2 threads",
+        "peer": "pft", "peer_cpu_capability": capability, "seq_len": 127, "path": "lean",
+        "rounds": 3, "repeats": 3,
+        "rows": [{"batch": 16, "ours_s": 1.0, "pft_s": ratio, "pft_over_ours": ratio}]}))
+
+
+def test_training_step_native_and_avx2_side_by_side(tmp_path):
+    _train_step_json(tmp_path / "data" / "train_step.json", "native", 1.5, "AVX512")
+    _train_step_json(tmp_path / "data" / "avx2" / "train_step.json", "avx2", 2.5, "AVX2")
+    text = performance_page._training_step(tmp_path)
+    assert "| quantity | native | AVX2 mode |" in text
+    assert "| pft step / linattn step, batch 16 | 1.5 | 2.5 |" in text
+    assert "| pft CPU capability (torch) | AVX512 | AVX2 |" in text
+    assert "AVX2 mode (numba haswell" in text and "native (numba znver4 with AVX-512)" in text
+    assert "date-native" in text and "date-avx2" in text and "Not in this run" not in text
+
+
+def test_training_step_says_which_file_is_missing(tmp_path):
+    assert "Not in this run" in performance_page._training_step(tmp_path)
+    _train_step_json(tmp_path / "data" / "avx2" / "train_step.json", "avx2", 2.5, "AVX2")
+    text = performance_page._training_step(tmp_path)
+    assert "Not in this run: `data/train_step.json` is missing." in text
+    assert "| pft step / linattn step, batch 16 | - | 2.5 |" in text
+
+
+def _generation_csv(path, rnn, pft, meta):
+    from linattn.lab.figures import GENERATION_COLUMNS, write_csv
+    from linattn.lab.speed import NAMES, PEER_NAME
+    rows = [{"name": name, "library": "x", "batch": b, "seconds": s, "images_per_s": b / s,
+             "seconds_per_image": s / b, "measured": True, "vs_rnn": s / rnn}
+            for b in (1, 16) for name, s in ((NAMES["recurrent"], rnn), (PEER_NAME, pft))]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_csv(path, rows, GENERATION_COLUMNS, {"figure": "generation_speed", "caption": "c",
+                                               **meta})
+
+
+def test_generation_ratios_native_and_avx2_side_by_side(tmp_path):
+    _generation_csv(tmp_path / "generation_speed.csv", 2.0, 3.0,
+                    {"instruction_set": "native (numba znver4 with AVX-512)",
+                     "peer_cpu_capability": "AVX512"})
+    page = performance_page._generation(tmp_path)
+    assert "Not in this run: `data/avx2/generation_speed.csv` is missing." in page
+    assert "| pft s / linattn s, batch 16 | 1.5 | - |" in page
+    _generation_csv(tmp_path / "data" / "avx2" / "generation_speed.csv", 2.0, 5.0,
+                    {"instruction_set": "AVX2 mode (numba haswell, OpenBLAS Haswell)",
+                     "peer_cpu_capability": "AVX2", "peers": "pft 0.4"})
+    page = performance_page._generation(tmp_path)
+    assert "Not in this run" not in page
+    assert "| pft s / linattn s, batch 1 | 1.5 | 2.5 |" in page
+    assert "| pft CPU capability (torch) | AVX512 | AVX2 |" in page
+    assert ("| linattn instruction set | native (numba znver4 with AVX-512) | AVX2 mode "
+            "(numba haswell, OpenBLAS Haswell) |") in page

@@ -376,10 +376,14 @@ def _copy_task(out, quick, caption, peer_python):
 
 def _benchmark(out, quick, caption, peer_python):
     """One benchmark run (its files go to out/data) drawn three ways, as the paper's
-    Figure 1: time and memory per sample against N at a constant number of tokens."""
+    Figure 1: time and memory per sample against N at a constant number of tokens. Not
+    quick: the head to head again in AVX2 mode (out/data/avx2), and one training step
+    against pft in both modes (data/train_step.json, data/avx2/train_step.json)."""
     scaling, tokens, meta = measure.benchmark_rows(out / "data", quick, peer_python)
     if not quick:                         # the same ratios as an AVX2-only CPU runs them
         measure.avx2_head_to_head(out / "data" / "avx2", peer_python)
+        for mode, folder in (("native", out / "data"), ("avx2", out / "data" / "avx2")):
+            measure.train_step_head_to_head(folder / "train_step.json", mode, peer_python)
     caption = (f"measured on {meta['machine']}; peers: {meta['peers']}\neach curve stops "
                f"after the first N at which one forward + backward call took over "
                f"{meta['budget']:g} s (NumPy's softmax also where its N x N matrices would "
@@ -443,14 +447,17 @@ def _retrieval(out, quick, caption, peer_python):
 
 def _generation(out, quick, caption, peer_python):
     """Generating images at the paper's MNIST shape (``lab.speed.speed_table``): each form
-    at batch 1 and 16, pft's RNN too when ``peer_python`` is given. Quick: a tiny model,
-    N = 16, no peers."""
+    at batch 1 and 16, pft's RNN too when ``peer_python`` is given; not quick, the two RNNs
+    again in AVX2 mode (data/avx2/generation_speed.csv). Quick: a tiny model, N = 16, no
+    peers."""
     from . import speed
     if quick:
         rows, meta = speed.speed_table(batches=(1, 2), rounds=1, n=16, shape=dict(
             vocab_size=8, d_model=16, n_layers=2, n_heads=2, d_mlp=32))
     else:
         rows, meta = speed.speed_table(batches=(1, 16), rounds=3, peer_python=peer_python)
+        # the RNNs again as an AVX2-only CPU runs them (the softmax forms take too long)
+        measure.avx2_generation(out / "data" / "avx2" / "generation_speed.csv", peer_python)
     return generation_figure(rows, meta, out)
 
 

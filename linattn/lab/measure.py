@@ -293,6 +293,49 @@ def avx2_head_to_head(out_dir, peer_python=None, rounds=5):
     return os.path.join(out_dir, "bench.json")
 
 
+# the training step's head to head in make figures: the batch of the paper's copy task only,
+# few rounds (each round times both sides)
+TRAIN_STEP = dict(batch=16, rounds=3, repeats=3)
+
+
+def train_step_head_to_head(path, mode="native", peer_python=None, extra=(), **settings):
+    """Run ``python -m linattn.lab.bench.train_step`` once in a subprocess whose every side
+    holds to the instruction set ``mode`` (``isa.environment``: "native" or "avx2"), writing
+    its JSON to ``path``: one training step of the copy-task model, linattn against
+    pytorch-fast-transformers when ``peer_python`` is given. ``settings`` replace entries
+    of ``TRAIN_STEP`` (batch, rounds, repeats); ``extra`` are more of its arguments (model
+    sizes). The JSON records our instruction set (``machine["instruction_set"]``) and the
+    peer's (``peer_cpu_capability``). Returns ``path``."""
+    import subprocess
+    import sys
+
+    settings = {**TRAIN_STEP, **settings}
+    args = [sys.executable, "-m", "linattn.lab.bench.train_step", "--batch",
+            str(settings["batch"]), "--rounds", str(settings["rounds"]), "--repeats",
+            str(settings["repeats"]), "--out", str(path), *extra]
+    args += ["--peer-python", peer_python] if peer_python else ["--no-peers"]
+    os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
+    subprocess.run(args, check=True, env=isa.environment(mode), stdout=subprocess.DEVNULL)
+    return path
+
+
+def avx2_generation(path, peer_python=None, rounds=3, batches=(1, 16), extra=()):
+    """Generation at the paper's MNIST shape again, every side held to the AVX2 instruction
+    set (``isa``): ``python -m linattn.lab.speed --rnn-only`` in a subprocess, linattn's RNN
+    (and its products' floor) and, when ``peer_python`` is given, pft's RNN, at each of
+    ``batches``, ``rounds`` timed images per row; its CSV (``speed_table``'s rows, the
+    instruction sets in its header) goes to ``path``. ``extra`` are more of its arguments.
+    Returns ``path``."""
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "linattn.lab.speed", "--rnn-only", "--batch",
+            *map(str, batches), "--rounds", str(rounds), "--csv", str(path), *extra]
+    args += ["--peer-python", peer_python] if peer_python else []
+    subprocess.run(args, check=True, env=isa.environment("avx2"), stdout=subprocess.DEVNULL)
+    return path
+
+
 def _name(case):
     """(figure name, library) of a benchmark case, None for cases the figures leave out."""
     if case in BENCH_NAMES:

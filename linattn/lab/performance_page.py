@@ -257,23 +257,87 @@ def _generation(figures_dir):
             "`linattn.model.generate` (the peer's with its own RNN); `vs RNN` is the row's "
             "time over linattn's RNN at the same batch.\n\n"
             + _table(["form", "library", "batch", "s / image", "images / s", "vs RNN", "how"],
-                     body, ["---", "---", "---:", "---:", "---:", "---:", "---"]))
+                     body, ["---", "---", "---:", "---:", "---:", "---:", "---"])
+            + "\n\n" + _generation_modes(figures_dir, rows, meta))
+
+
+def _generation_modes(figures_dir, native, native_meta):
+    """pft's RNN time over linattn's RNN time at each batch, from ``native`` (the rows of
+    ``generation_speed.csv``) and from ``data/avx2/generation_speed.csv`` (the RNNs alone,
+    every side held to AVX2) side by side, each side's instruction set named."""
+    from .speed import NAMES, PEER_NAME
+    path = figures_dir / "data" / "avx2" / "generation_speed.csv"
+    avx2, avx2_meta = _csv(path)
+    sides = [(native, native_meta), (avx2 or [], avx2_meta)]
+
+    def seconds(rows, name):
+        return {int(r["batch"]): float(r["seconds"]) for r in rows if r["name"] == name}
+    ratios = []
+    for rows, _ in sides:
+        ours, pft = seconds(rows, NAMES["recurrent"]), seconds(rows, PEER_NAME)
+        ratios.append({b: pft[b] / ours[b] for b in pft if b in ours})
+    intro = ("pft's RNN time over linattn's RNN time, as this CPU runs them and with Numba, "
+             "OpenBLAS and torch held to the AVX2 instruction set (`linattn.lab.isa`), in "
+             "separate runs")
+    if avx2 is not None:
+        intro += (f" (the AVX2 run: `{path.relative_to(figures_dir)}`, "
+                  f"{avx2_meta.get('date')}; peers: {avx2_meta.get('peers')})")
+    text = [intro + "."]
+    if avx2 is None:
+        text.append(f"Not in this run: `{path.relative_to(figures_dir)}` is missing.")
+    batches = sorted({b for by_batch in ratios for b in by_batch})
+    if not batches:
+        return "\n\n".join(text + ["No run has both RNNs."])
+
+    def recorded(meta, key):
+        value = meta.get(key)
+        return value if value not in (None, "", "None") else "not recorded"
+    body = [[f"pft s / linattn s, batch {b}"] + [_sig(r.get(b)) for r in ratios]
+            for b in batches]
+    body.append(["linattn instruction set"] + [
+        recorded(meta, "instruction_set") if rows else "-" for rows, meta in sides])
+    body.append(["pft CPU capability (torch)"] + [
+        recorded(meta, "peer_cpu_capability") if rows else "-" for rows, meta in sides])
+    return "\n\n".join(text + [_table(["quantity", "native", "AVX2 mode"], body)])
 
 
 def _training_step(figures_dir):
-    path = figures_dir / "data" / "train_step.json"
-    result = _json(path)
+    """One training step against pft, as this CPU runs it and in AVX2 mode side by side
+    (``data/train_step.json``, ``data/avx2/train_step.json``), each side's instruction set
+    named; a column whose file is missing shows "-" and a line says which file."""
     title = "One training step against pytorch-fast-transformers"
-    if result is None:
+    paths = [figures_dir / "data" / "train_step.json",
+             figures_dir / "data" / "avx2" / "train_step.json"]
+    results = [_json(p) for p in paths]
+    if all(r is None for r in results):
         return (f"## {title}\n\nNot in this run: `python -m linattn.lab.bench.train_step "
                 f"--peer-python PATH --out figures/data/train_step.json` writes it.")
-    body = [[r["batch"], _sig(r["ours_s"]), _sig(r.get("pft_s")), _sig(r.get("pft_over_ours"))]
-            for r in result["rows"]]
-    return (f"## {title} (`{path.name}`, {result['machine'].get('date')})\n\nThe copy-task "
-            f"model, N = {result['seq_len']}, {result['path']} path; ours: "
-            f"{result['threads']}; peer: {result['peer']}. Medians over {result['rounds']} "
-            f"rounds taken in turn.\n\n"
-            + _table(["batch", "linattn s / step", "pft s / step", "pft / linattn"], body))
+    first = next(r for r in results if r is not None)
+    by_batch = [{row["batch"]: row for row in r["rows"]} if r else {} for r in results]
+    batches = sorted({b for rows in by_batch for b in rows})
+    body = []
+    for key, quantity in (("pft_over_ours", "pft step / linattn step"),
+                          ("ours_s", "linattn s / step"), ("pft_s", "pft s / step")):
+        body += [[f"{quantity}, batch {b}"] + [_sig(rows[b].get(key)) if b in rows else "-"
+                                               for rows in by_batch] for b in batches]
+    body.append(["linattn instruction set"] + [
+        isa.label(r["machine"]["instruction_set"])
+        if r and r["machine"].get("instruction_set") else "-" for r in results])
+    body.append(["pft CPU capability (torch)"] + [
+        (r.get("peer_cpu_capability") or "not recorded") if r else "-" for r in results])
+    dates = ", ".join(f"`{p.relative_to(figures_dir)}`, {r['machine'].get('date')}"
+                      for p, r in zip(paths, results) if r)
+    missing = [f"Not in this run: `{p.relative_to(figures_dir)}` is missing."
+               for p, r in zip(paths, results) if r is None]
+    return (f"## {title} ({dates})\n\nThe copy-task model, N = {first['seq_len']}, "
+            f"{first['path']} path, measured twice in separate runs: as this CPU runs it and "
+            f"with Numba, OpenBLAS and torch held to the AVX2 instruction set "
+            f"(`linattn.lab.isa`). Ours: {first['threads']}; peer, in the first run: "
+            f"{first['peer']}. Medians "
+            f"over {first['rounds']} rounds taken in turn, each the median of "
+            f"{first['repeats']} steps.\n\n"
+            + "".join(line + "\n\n" for line in missing)
+            + _table(["quantity", "native", "AVX2 mode"], body))
 
 
 def _copy_task(figures_dir):

@@ -1,7 +1,7 @@
 """Generation speed at the paper's MNIST shape: the RNN form against softmax with a
 key/value cache and softmax recomputing the prefix, Tables 1, 4 and 5 of Katharopoulos et
 al. (2020), arXiv:2006.16236 (section 4.2 and appendix C), and the authors' own recurrent
-model (pytorch-fast-transformers, run by ``linattn/bench/peer_generate.py``) when an
+model (pytorch-fast-transformers, run by ``linattn/lab/bench/peer_generate.py``) when an
 interpreter that has it is given.
 
 The model is the paper's MNIST transformer (section 4.2.1): 8 layers, 8 heads of 32,
@@ -48,8 +48,9 @@ THREADS = 2
 PROBE_LIMIT = 1024
 # how the cost of one token grows with its position t: t^0, t^1, t^2
 GROWTH = {"recurrent": 0, "cache": 1, "recompute": 2}
-PEER_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench",
-                           "peer_generate.py")
+# linattn's RNN alone (the form pft has too): the AVX2-mode run's forms
+RNN_FORMS = (("linear", "recurrent"),)
+PEER_SCRIPT = os.path.join(os.path.dirname(__file__), "bench", "peer_generate.py")
 
 
 def estimate_seconds(token_seconds, n, growth, probe_limit=PROBE_LIMIT, points=6):
@@ -147,8 +148,8 @@ def products_seconds(params, cfg, batch, n, rounds):
 
 
 def peer_seconds(peer_python, shape, batches, n, rounds, threads=THREADS):
-    """({batch: median seconds}, note) of pft's recurrent model (``peer_generate.py`` run by
-    ``peer_python``), or ({}, why not)."""
+    """({batch: median seconds}, note, the vector kernels torch picked) of pft's recurrent
+    model (``peer_generate.py`` run by ``peer_python``), or ({}, why not, None)."""
     config = {"layers": shape["n_layers"], "heads": shape["n_heads"],
               "d_model": shape["d_model"], "d_mlp": shape["d_mlp"],
               "vocab": shape["vocab_size"], "n": n, "batches": list(batches),
@@ -157,17 +158,19 @@ def peer_seconds(peer_python, shape, batches, n, rounds, threads=THREADS):
         run = subprocess.run([peer_python, PEER_SCRIPT, json.dumps(config)],
                              capture_output=True, text=True, env=user_environment())
     except OSError as error:                     # no such interpreter, or not executable
-        return {}, f"failed: {error}"
+        return {}, f"failed: {error}", None
     if run.returncode != 0:
-        return {}, f"failed: {run.stderr.strip().splitlines()[-1:]}"
+        return {}, f"failed: {run.stderr.strip().splitlines()[-1:]}", None
     result = json.loads(run.stdout)
     note = (f"pytorch-fast-transformers {result['fast_transformers']}, torch "
-            f"{result['torch']}, BLAS {result['blas']}, {result['threads']} threads")
-    return {row["batch"]: row["seconds"] for row in result["rows"]}, note
+            f"{result['torch']}, BLAS {result['blas']}, {result['threads']} threads, CPU "
+            f"capability {result.get('cpu_capability')}")
+    return ({row["batch"]: row["seconds"] for row in result["rows"]}, note,
+            result.get("cpu_capability"))
 
 
 def speed_table(batches=(1, 16), rounds=3, peer_python=None, budget_s=60.0, shape=None,
-                n=N_MNIST, threads=THREADS):
+                n=N_MNIST, threads=THREADS, forms=FORMS):
     """Images per second of each form in ``FORMS`` (and pft's RNN) at each batch size.
 
     Parameters
@@ -182,6 +185,9 @@ def speed_table(batches=(1, 16), rounds=3, peer_python=None, budget_s=60.0, shap
         The recomputing form is measured when its estimate is at most this, else estimated.
     shape : dict or None
         ``ModelConfig`` sizes (default ``MNIST``); ``n`` tokens per image.
+    forms : sequence of (attention, method)
+        Of ``FORMS``; it must hold linattn's RNN, ("linear", "recurrent"), which every
+        row's ``vs_rnn`` divides by (``RNN_FORMS``: it alone, for the AVX2-mode run).
 
     Returns
     -------
@@ -190,15 +196,17 @@ def speed_table(batches=(1, 16), rounds=3, peer_python=None, budget_s=60.0, shap
         images_per_s (batch / seconds), measured (True, or False: estimated),
         vs_rnn (seconds / the seconds of linattn's RNN at that batch), n, dtype.
     meta : dict
-        machine, threads, peers, dtype, model: strings for captions.
+        machine, threads, peers, dtype, model: strings for captions; instruction_set (ours,
+        ``isa.label``) and peer_cpu_capability (torch's vector kernels, None without it).
     """
+    from . import isa
     from .bench.timing import machine
     from .measure import machine_caption
     shape = {**MNIST, **(shape or {})}
     rows = []
     with thread_limit(threads) as threads_note:
         where = machine_caption(machine())
-        for attention, method in FORMS:
+        for attention, method in forms:
             cfg = ModelConfig(max_len=n, attention=attention, **shape)
             params = init_params(cfg, seed=0)
             for batch in batches:
@@ -210,10 +218,12 @@ def speed_table(batches=(1, 16), rounds=3, peer_python=None, budget_s=60.0, shap
                     rows.append(_row(FLOOR_NAME, "linattn", batch,
                                      products_seconds(params, cfg, batch, n, rounds), True,
                                      n, cfg.dtype))
-    peers, peer_note = {}, ("none ran (add them with --peer-python PATH, an interpreter "
-                            "with torch and pytorch-fast-transformers)")
+    peers, capability = {}, None
+    peer_note = ("none ran (add them with --peer-python PATH, an interpreter with torch and "
+                 "pytorch-fast-transformers)")
     if peer_python:
-        peers, peer_note = peer_seconds(peer_python, shape, batches, n, rounds, threads)
+        peers, peer_note, capability = peer_seconds(peer_python, shape, batches, n, rounds,
+                                                    threads)
     for batch, seconds in sorted(peers.items()):
         rows.append(_row(PEER_NAME, "pytorch-fast-transformers", batch, seconds, True, n,
                          "float32"))
@@ -225,7 +235,8 @@ def speed_table(batches=(1, 16), rounds=3, peer_python=None, budget_s=60.0, shap
              f"N = {n}, greedy, random weights")
     return rows, {"machine": where, "threads": threads_note,
                   "peers": peer_note, "dtype": "float32", "model": model,
-                  "rounds": str(rounds)}
+                  "rounds": str(rounds), "instruction_set": isa.label(isa.describe()),
+                  "peer_cpu_capability": capability}
 
 
 def _row(name, library, batch, seconds, measured, n, dtype):
@@ -267,14 +278,18 @@ def main(argv=None):
                     help="an interpreter with torch and pytorch-fast-transformers")
     ap.add_argument("--budget", type=positive_float, default=60.0,
                     help="seconds: recomputing the prefix is estimated past this")
+    ap.add_argument("--rnn-only", action="store_true",
+                    help="only the RNN forms: linattn's and, with --peer-python, pft's")
     ap.add_argument("--csv", type=output_file, help="also write the rows to this CSV file")
     args = ap.parse_args(argv)
-    rows, meta = speed_table(args.batch, args.rounds, args.peer_python, args.budget)
+    rows, meta = speed_table(args.batch, args.rounds, args.peer_python, args.budget,
+                             forms=RNN_FORMS if args.rnn_only else FORMS)
     print(format_table(rows, meta), end="")
     if args.csv:
-        from .figures import GENERATION_COLUMNS, write_csv
+        from .figures import GENERATION_COLUMNS, machine, write_csv
         os.makedirs(os.path.dirname(args.csv) or ".", exist_ok=True)
-        write_csv(args.csv, rows, GENERATION_COLUMNS, {"figure": "generation_speed", **meta})
+        write_csv(args.csv, rows, GENERATION_COLUMNS,       # the date, then the run's meta
+                  {"figure": "generation_speed", **machine(), **meta})
         print(f"wrote {args.csv}", file=sys.stderr)
     return 0
 

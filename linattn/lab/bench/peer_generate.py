@@ -78,7 +78,9 @@ def main(config):
         from importlib.metadata import version as dist_version
         version = dist_version("pytorch-fast-transformers")
     return {"torch": torch.__version__, "fast_transformers": version,
-            "threads": torch.get_num_threads(), "blas": _blas(torch), "rows": rows}
+            "threads": torch.get_num_threads(), "blas": _blas(torch),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),   # its vector kernels
+            "rows": rows}
 
 
 def _blas(torch):

@@ -14,7 +14,8 @@ Run as a script by the peers' interpreter (it never imports linattn, and linattn
 imports torch). Protocol, one JSON object a line: the first line on stdin is the
 configuration (``threads``, ``vocab_size``, ``max_len``, ``d_model``, ``n_layers``,
 ``n_heads``, ``d_mlp``, ``lr``, ``batches``: {B: [ids, targets, weights]} as nested lists);
-the script answers ``{"torch": version, "threads": n}``, then, for each line
+the script answers ``{"torch": version, "threads": n, "cpu_capability": c}`` (c: the
+vector kernels torch picked, e.g. "AVX2" or "AVX512"), then, for each line
 ``{"batch": B, "repeats": r}``, times r steps on that batch after one untimed step and
 answers ``{"median_s": ..., "best_s": ...}`` (``timing.seconds``). End of input ends it.
 """
@@ -69,7 +70,8 @@ def main():
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         adam.step()
 
-    print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads()}),
+    print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads(),
+                      "cpu_capability": torch.backends.cpu.get_cpu_capability()}),  # its kernels
           flush=True)
     for line in sys.stdin:
         request = json.loads(line)

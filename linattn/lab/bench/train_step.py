@@ -31,6 +31,7 @@ import sys
 import numpy as np
 
 from . import timing
+from .. import isa
 from ..._cli_types import Parser, executable, new_file, non_negative_float, positive_int
 from ...threads import keep_freed_memory, user_environment
 from ...model.optim import AdamConfig, adam_init
@@ -141,12 +142,14 @@ def start_peer(cfg, model_cfg, batches):
                       f"{cfg.peer_python} (add them with --peer-python PATH)")
     peer = Peer(cfg, model_cfg, batches)
     return peer, (f"pft: torch {peer.about['torch']}, {peer.about['threads']} threads, "
-                  f"{cfg.peer_python}")
+                  f"CPU capability {peer.about.get('cpu_capability')}, {cfg.peer_python}")
 
 
 def measure(cfg):
-    """{"machine", "threads", "peer", "rows": [{batch, ours_s, pft_s, pft_over_ours,
-    ours_rounds_s, pft_rounds_s}]}: medians over rounds, each side's round a median."""
+    """{"machine", "threads", "peer", "peer_cpu_capability", "rows": [{batch, ours_s, pft_s,
+    pft_over_ours, ours_rounds_s, pft_rounds_s}]}: medians over rounds, each side's round a
+    median. Our instruction set is ``machine["instruction_set"]`` (``isa.describe``); the
+    peer's, the vector kernels torch picked (None when no peer ran)."""
     threads = set_threads(cfg.threads)
     task, model_cfg = copy_setup("linear", paper=True, variable=True,
                                  **{k: getattr(cfg, k) for k in PAPER_COPY})
@@ -172,6 +175,7 @@ def measure(cfg):
                      "pft_over_ours": None if pft_s is None else pft_s / ours_s,
                      "ours_rounds_s": times[b]["ours"], "pft_rounds_s": times[b]["pft"]})
     return {"machine": timing.machine(), "threads": threads, "peer": note,
+            "peer_cpu_capability": peer.about.get("cpu_capability") if peer else None,
             "model": model_cfg._asdict(), "seq_len": task.seq_len, "path": cfg.path,
             "rounds": cfg.rounds, "repeats": cfg.repeats, "rows": rows}
 
@@ -188,6 +192,8 @@ def table(result):
              f"machine: {m['cpu']}, {m['cores_available']} cores; numpy {m['numpy']}, numba "
              f"{m['numba']}; BLAS: {blas}",
              f"ours: {result['threads']}", f"peer: {result['peer']}",
+             f"instruction set: ours {isa.label(m['instruction_set'])}; pft "
+             f"{result['peer_cpu_capability'] or '-'}",
              f"medians over {result['rounds']} rounds taken in turn, each the median of "
              f"{result['repeats']} steps",
              f"{'batch':>5}  {'ours s/step':>11}  {'pft s/step':>10}  {'pft/ours':>8}"]
