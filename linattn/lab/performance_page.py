@@ -15,15 +15,15 @@ its section saying so. Two sections hold fixed prose: what each thread setting o
 form; their numbers, too, come from the files.
 """
 import argparse
-import json
 import pathlib
 
-import numpy as np
 
 from .. import dispatch, threads
 from . import isa
 from .figures import fitted_slope, read_csv
 from .measure import crossover_n
+from .page_experiments import _copy_task, _images, _retrieval, _speech
+from .page_format import _csv, _json, _missing, _ms, _pivot, _sig, _source, _table
 
 
 def page_path(figures_dir):
@@ -57,60 +57,7 @@ def write_page(figures_dir="figures", out="docs/performance.md"):
     return out
 
 
-# ---- reading -------------------------------------------------------------------------------
-
-def _json(path):
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def _csv(path):
-    """(rows, meta) of a figure's CSV, or (None, {}) when the file is missing."""
-    return read_csv(path) if path.exists() else (None, {})
-
-
-def _source(path, meta):
-    """"`NAME.csv`, DATE" and, when the CSV says it, the command that wrote it (``make
-    figures`` or ``make paper``, its ``# tier:`` line)."""
-    tier = f", make {meta['tier']}" if meta.get("tier") else ""
-    return f"`{path.name}`, {meta.get('date')}{tier}"
-
-
-def _sig(x, digits=3):
-    """x with ``digits`` significant digits, "-" for a missing value."""
-    if x is None or (isinstance(x, float) and np.isnan(x)):
-        return "-"
-    if abs(x) >= 10 ** digits:
-        return f"{x:.0f}"                                  # 1234, not 1.23e+03
-    return f"{x:.{digits}g}"
-
-
-def _table(head, rows, align=None):
-    """A Markdown table: ``head`` a list of column titles, ``rows`` lists of cells."""
-    align = align or ["---"] + ["---:"] * (len(head) - 1)
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _pivot(rows, key, x, scale=1.0):
-    """{name: {x: median of row[key] * scale}} over the rows that have a value."""
-    groups = {}
-    for row in rows:
-        if row.get(key) is not None:
-            groups.setdefault(str(row["name"]), {}).setdefault(row[x], []).append(row[key])
-    return {name: {xv: float(np.median(v)) * scale for xv, v in by_x.items()}
-            for name, by_x in groups.items()}
-
-
-def _ms(seconds):
-    return None if seconds is None else seconds * 1e3
-
-
-def _missing(title, path):
-    return f"## {title}\n\nNot in this run: `{path}` is missing."
-
-
-# ---- sections ------------------------------------------------------------------------------
+# ---- sections
 
 def _header(figures_dir, bench):
     lines = ["# Performance", "",
@@ -338,77 +285,6 @@ def _training_step(figures_dir):
             f"{first['repeats']} steps.\n\n"
             + "".join(line + "\n\n" for line in missing)
             + _table(["quantity", "native", "AVX2 mode"], body))
-
-
-def _copy_task(figures_dir):
-    path = figures_dir / "copy_task_loss.csv"
-    rows, meta = _csv(path)
-    if rows is None:
-        return _missing("Copy task", path)
-    body = []
-    for name, by_step in _pivot(rows, "eval_loss", "step").items():
-        last = max(by_step)
-        body.append([name, last, _sig(by_step[last])])
-    return (f"## Copy task ({_source(path, meta)})\n\nHeld-out loss, nats per "
-            "copied symbol, at the last evaluation of each attention's run (the paper's "
-            "figure 2, smaller). The figure: `figures/copy_task_loss.png`.\n\n"
-            + _table(["attention", "step", "held-out loss"], body))
-
-
-def _images(figures_dir):
-    """Table 1 of the paper tier (``image_table.csv``); nothing when it has not run."""
-    path = figures_dir / "image_table.csv"
-    rows, meta = _csv(path)
-    if rows is None:
-        return ""
-    body = [[r["name"], _sig(r["bits_per_dim"]), r["form"], r["batch"],
-             _sig(r["images_per_s"]) + ("" if r["measured"] in (True, "True") else " (est.)")]
-            for r in rows]
-    return (f"## Images, the paper's Table 1 ({_source(path, meta)})\n\nBits per dimension "
-            "on the held-out images and images per second generating with each attention's "
-            "fastest form, from `make paper`. The figure: `figures/image_table.png`."
-            + _sentence(meta.get("caption")) + "\n\n"
-            + _table(["attention", "bits/dim", "form", "batch", "images/s"], body,
-                     ["---", "---:", "---", "---:", "---:"]))
-
-
-def _sentence(text):
-    """" " and ``text`` as a sentence, its first letter capitalised; "" for None."""
-    return f" {text[0].upper()}{text[1:]}." if text else ""
-
-
-def _speech(figures_dir):
-    path = figures_dir / "speech_table.csv"
-    rows, meta = _csv(path)
-    if rows is None:
-        return _missing("Speech (synthetic)", path)
-    body = [[r["model"], r["n_params"], r["epochs"], _sig(r["test_per"]),
-             _sig(r.get("s_per_epoch"))] for r in rows]
-    return (f"## Speech, synthetic task ({_source(path, meta)})\n\nThe paper's "
-            "Table 3 on a synthetic phoneme task (not WSJ; see `docs/speech.md`): test phoneme "
-            "error rate and the median seconds per training epoch; the last rows are trivial "
-            "outputs, for scale." + _sentence(meta.get("caption"))
-            + _sentence(meta.get("attention")) + "\n\n"
-            + _table(["model", "parameters", "epochs", "test PER", "s / epoch"], body,
-                     ["---", "---:", "---:", "---:", "---:"]))
-
-
-def _retrieval(figures_dir):
-    path = figures_dir / "retrieval_capacity.csv"
-    rows, meta = _csv(path)
-    if rows is None:
-        return _missing("Associative retrieval", path)
-    names = list(dict.fromkeys(r["name"] for r in rows))
-    accuracy = _pivot(rows, "eval_acc", "pairs")
-    pairs = sorted({int(r["pairs"]) for r in rows})
-    features = max(int(r["features"]) for r in rows)
-    body = [[str(p)] + [_sig(accuracy[n].get(p)) for n in names] for p in pairs]
-    return (f"## Associative retrieval ({_source(path, meta)})\n\nOne attention layer of "
-            f"width {features} (a state of F = {features} features for the fixed-size "
-            "memories) trained to recall the value of one of P stored keys (after Schlag et "
-            "al. 2021; `linattn.model.retrieval`): the fraction of held-out answers read "
-            "right. The figure: `figures/retrieval_capacity.png`.\n\n"
-            + _table(["pairs P"] + names, body))
 
 
 THREADS_TEXT = """\
