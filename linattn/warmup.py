@@ -3,7 +3,7 @@
 Every Numba kernel compiles on its first call in a process whose disk cache (Numba's, beside
 the sources or in ``NUMBA_CACHE_DIR``) does not hold it yet: 15-60 s each, once per machine,
 announced by one line on stderr (``linattn.numba_cpu.compile_notice``). ``warmup`` makes
-those first calls on tiny arrays, so that a lesson, a benchmark or a demo starts warm:
+those first calls on small arrays, so that a lesson, a benchmark or a demo starts warm:
 
     python -m linattn warmup                       # float32, the usual families
     python -m linattn warmup --dtypes float32 float64 --families linear step softmax lsh
@@ -31,7 +31,7 @@ _LINEAR_METHODS = ("quadratic", "chunked", "linear")
 
 
 def warmup(dtypes=("float32",), causal=(True, False), families=("linear", "step", "softmax")):
-    """Call each Numba kernel of ``families`` once per dtype and mask on tiny inputs (forward
+    """Call each Numba kernel of ``families`` once per dtype and mask on small inputs (forward
     and backward), so that it is compiled (or loaded from the disk cache) now.
 
     Parameters
@@ -87,10 +87,16 @@ def _step(q, causal):
 
 
 def _softmax(q, causal):
-    for mask in causal:
-        out, lse = softmax_attention(q, q, q, causal=mask, backend="numba", return_lse=True)
-        softmax_attention_backward(q, q, q, q, causal=mask, backend="numba")
-        softmax_attention_backward(q, q, q, q, causal=mask, backend="numba", out=out, lse=lse)
+    # the tiles run serially below a size and on all threads above it (two kernels each):
+    # 128 positions stay serial, 1024 are over the threshold even with the causal mask
+    longer = np.random.default_rng(1).standard_normal((1, 2, 1024, 8)).astype(q.dtype)
+    for x in (q, longer):
+        for mask in causal:
+            out, lse = softmax_attention(x, x, x, causal=mask, backend="numba",
+                                         return_lse=True)
+            softmax_attention_backward(x, x, x, x, causal=mask, backend="numba")
+            softmax_attention_backward(x, x, x, x, causal=mask, backend="numba", out=out,
+                                       lse=lse)
 
 
 def _lsh(q, causal):

@@ -247,6 +247,26 @@ def test_softmax_matches_numpy(cp, n, d, m, lead, causal, seed):
         assert_close(cp.asnumpy(g), w)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_softmax_lse_on_cupy_arrays(cp, causal):
+    """return_lse and the backward's out=, lse= take CuPy arrays (NumPy's form, run by CuPy):
+    CuPy arrays out, the NumPy oracle's values, and the same gradients as without them."""
+    q, k, v = random_qkv(3, 37, 4, 5, (2,))
+    dout = np.random.default_rng(4).standard_normal(v.shape)
+    out, lse = softmax_attention(*on_gpu(cp, q, k, v), causal=causal, return_lse=True)
+    want_out, want_lse = softmax_attention(q, k, v, causal=causal, backend="numpy",
+                                           return_lse=True)
+    assert isinstance(out, cp.ndarray) and isinstance(lse, cp.ndarray)
+    assert_close(cp.asnumpy(out), want_out)
+    assert_close(cp.asnumpy(lse), want_lse)
+    grads = softmax_attention_backward(*on_gpu(cp, dout, q, k, v), causal=causal, out=out,
+                                       lse=lse)
+    wants = softmax_attention_backward(dout, q, k, v, causal=causal, backend="numpy")
+    for g, w in zip(grads, wants):
+        assert isinstance(g, cp.ndarray)
+        assert_close(cp.asnumpy(g), w)
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 def test_low_precision_values_close_to_float64(cp, dtype):
     # the same low-precision inputs on both sides: the oracle in float64, the GPU in float32

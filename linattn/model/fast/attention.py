@@ -58,7 +58,9 @@ def attention_fused(p, x, cfg, lengths=None):
     Returns
     -------
     a : ndarray, shape (B, N, d_model), heads W_O
-    cache : AttentionCache, its heads (B N, d_model)
+    cache : AttentionCache, its heads (B N, d_model); for softmax, ``saved`` holds the
+        core's output and log-sum-exp, which the backward reads instead of a second
+        forward
 
     Cost: as ``attention.attention``'s.
     """
