@@ -75,12 +75,13 @@ def test_training_step_says_which_file_is_missing(tmp_path):
     assert "| pft step / linattn step, batch 16 | - | 2.5 |" in text
 
 
-def _generation_csv(path, rnn, pft, meta):
+def _generation_csv(path, rnn, pft, meta, floor=1.0):
     from linattn.lab.figures import GENERATION_COLUMNS, write_csv
-    from linattn.lab.speed import NAMES, PEER_NAME
+    from linattn.lab.speed import FLOOR_NAME, NAMES, PEER_NAME
     rows = [{"name": name, "library": "x", "batch": b, "seconds": s, "images_per_s": b / s,
              "seconds_per_image": s / b, "measured": True, "vs_rnn": s / rnn}
-            for b in (1, 16) for name, s in ((NAMES["recurrent"], rnn), (PEER_NAME, pft))]
+            for b in (1, 16) for name, s in ((NAMES["recurrent"], rnn), (PEER_NAME, pft),
+                                             (FLOOR_NAME, floor))]
     path.parent.mkdir(parents=True, exist_ok=True)
     write_csv(path, rows, GENERATION_COLUMNS, {"figure": "generation_speed", "caption": "c",
                                                **meta})
@@ -99,6 +100,7 @@ def test_generation_ratios_native_and_avx2_side_by_side(tmp_path):
     page = performance_page._generation(tmp_path)
     assert "Not in this run" not in page
     assert "| pft s / linattn s, batch 1 | 1.5 | 2.5 |" in page
+    assert "| pft s / linattn's products alone, batch 16 | 3 | 5 |" in page
     assert "| pft CPU capability (torch) | AVX512 | AVX2 |" in page
     assert ("| linattn instruction set | native (numba znver4 with AVX-512) | AVX2 mode "
             "(numba haswell, OpenBLAS Haswell) |") in page

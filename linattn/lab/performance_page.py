@@ -212,24 +212,28 @@ def _generation_modes(figures_dir, native, native_meta):
     """pft's RNN time over linattn's RNN time at each batch, from ``native`` (the rows of
     ``generation_speed.csv``) and from ``data/avx2/generation_speed.csv`` (the RNNs alone,
     every side held to AVX2) side by side, each side's instruction set named."""
-    from .speed import NAMES, PEER_NAME
+    from .speed import FLOOR_NAME, NAMES, PEER_NAME
     path = figures_dir / "data" / "avx2" / "generation_speed.csv"
     avx2, avx2_meta = _csv(path)
     sides = [(native, native_meta), (avx2 or [], avx2_meta)]
 
     def seconds(rows, name):
         return {int(r["batch"]): float(r["seconds"]) for r in rows if r["name"] == name}
-    ratios = []
+    ratios, ceilings = [], []           # pft over our RNN, and over its products alone
     for rows, _ in sides:
         ours, pft = seconds(rows, NAMES["recurrent"]), seconds(rows, PEER_NAME)
+        floor = seconds(rows, FLOOR_NAME)
         ratios.append({b: pft[b] / ours[b] for b in pft if b in ours})
+        ceilings.append({b: pft[b] / floor[b] for b in pft if b in floor})
     intro = ("pft's RNN time over linattn's RNN time, as this CPU runs them and with Numba, "
              "OpenBLAS and torch held to the AVX2 instruction set (`linattn.lab.isa`), in "
              "separate runs")
     if avx2 is not None:
         intro += (f" (the AVX2 run: `{path.relative_to(figures_dir)}`, "
                   f"{avx2_meta.get('date')}; peers: {avx2_meta.get('peers')})")
-    text = [intro + "."]
+    text = [intro + ". The products alone are the same token's matrix products without its "
+            "attention and element work (the floor of the RNN rows above): pft's time over "
+            "them is the ratio a token loop with free element work would reach."]
     if avx2 is None:
         text.append(f"Not in this run: `{path.relative_to(figures_dir)}` is missing.")
     batches = sorted({b for by_batch in ratios for b in by_batch})
@@ -241,6 +245,10 @@ def _generation_modes(figures_dir, native, native_meta):
         return value if value not in (None, "", "None") else "not recorded"
     body = [[f"pft s / linattn s, batch {b}"] + [_sig(r.get(b)) for r in ratios]
             for b in batches]
+    # the most the ratio can be while a token reads every weight: pft over our products alone
+    body += [[f"pft s / linattn's products alone, batch {b}"] + [_sig(c.get(b))
+                                                                  for c in ceilings]
+             for b in batches]
     body.append(["linattn instruction set"] + [
         recorded(meta, "instruction_set") if rows else "-" for rows, meta in sides])
     body.append(["pft CPU capability (torch)"] + [
