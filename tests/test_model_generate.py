@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from linattn.model import prefill, token_step
-from linattn.model.fast import token_loop
+from linattn.model.fast import rnn_token, token_loop
 from linattn.model.config import ModelConfig
 from linattn.model.generate import KVCache, generate, sample, step
 from linattn.model.transformer import forward, init_params
@@ -18,10 +18,17 @@ BASE = dict(vocab_size=9, max_len=24, d_model=16, n_layers=2, n_heads=4, d_mlp=3
 
 
 def _model(attention, dtype="float64", **kw):
-    """A random model with sharper logits than at init."""
+    """A random model with sharper logits than at init, and biases and layer-norm gains
+    that are not their init's 0 and 1 (a bias read from the wrong place would not show),
+    the output's bias too, scaled down so that no token dominates."""
     cfg = ModelConfig(**{**BASE, **kw}, attention=attention, dtype=dtype)
     params = init_params(cfg, seed=5)
     params["w_out"] = params["w_out"] * 4
+    rng = np.random.default_rng(8)
+    for name, a in params.items():
+        if a.ndim == 1:
+            scale = 0.05 if name == "b_out" else 0.3
+            params[name] = a + rng.normal(0.0, scale, a.shape).astype(a.dtype)
     return cfg, params
 
 
@@ -240,9 +247,13 @@ def test_prompt_read_at_once_gives_the_stepped_memories(attention, kw):
     for t in range(9):
         _, stepped = step(params, cfg, ids[:, t], t, stepped)
     lean = token_loop.memories(cfg, 3, 12, prefill.read_prompt(params, cfg, ids))
+    if isinstance(lean, rnn_token.States):              # elu+1: every layer's state at once
+        lean = [(s, z) for s, z in zip(lean.s, lean.z)]
+    else:
+        lean = [m.state if attention == "linear" else (m.keys_t.transpose(0, 1, 3, 2),
+                                                       m.values) for m in lean]
+    assert len(lean) == cfg.n_layers
     for got, want, fast in zip(read, stepped, lean):
-        fast = fast.state if attention == "linear" else (fast.keys_t.transpose(0, 1, 3, 2),
-                                                         fast.values)
         for a, b, c in zip(got, want, fast):
             np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
             np.testing.assert_allclose(c, b, rtol=1e-10, atol=1e-12)

@@ -14,10 +14,12 @@ validating, splitting heads and allocating as it goes. Here that is done once pe
   outputs, the MLP's hidden layer, the logits) allocated for the batch;
 - ``memories``: one ``linattn.Recurrence`` per layer (lead shape (B, H), its state updated
   in place, Eq. 18-19), or one ``SoftmaxCache`` per layer, filled a position at a time;
-  both start from the prompt, read in one parallel pass per layer (``prefill.read_prompt``):
-  the Recurrence from its state, the cache with its keys and values.
+  with elu+1, every layer's state in two arrays instead (``rnn_token.States``); all start
+  from the prompt, read in one parallel pass per layer (``prefill.read_prompt``): the
+  states from its state, the cache with its keys and values.
 Then ``token_logits`` per token: per block four BLAS products, the attention, and three
-compiled calls for the element work between them (``token_kernels``); ``next_logits`` runs
+compiled calls for the element work between them (``token_kernels``); with elu+1, the same
+work in one compiled call for the whole token (``rnn_token.token``). ``next_logits`` runs
 it over a sequence, as ``token_step.next_logits`` runs ``step``.
 
 Layout: a token's arrays are columns, (features, B), and every product is
@@ -33,7 +35,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import token_kernels as kernels
+from . import rnn_token, token_kernels as kernels
 from .attention import check_compiled
 from ...recurrence import Recurrence
 from ..prefill import read_prompt
@@ -63,7 +65,9 @@ class Weights(NamedTuple):
     """The whole model: token embeddings transposed (D, V), position encodings (N, D) of
     positions 0..N-1, the blocks, the output projection W_out^T (V, D) and its bias as a
     column (V, 1); ``out_norms`` holds, for each block, the (gain, bias) of the layer norm
-    that reads its output: the next block's first, or, after the last block, the final one."""
+    that reads its output: the next block's first, or, after the last block, the final one.
+    ``stacked``: the blocks as ``rnn_token.Stacked`` for the models whose tokens run as one
+    compiled call (``rnn_token.fuses``), else None."""
 
     tok_emb_t: np.ndarray
     positions: np.ndarray
@@ -71,6 +75,7 @@ class Weights(NamedTuple):
     out_norms: tuple
     w_out: np.ndarray
     b_out: np.ndarray
+    stacked: object = None
 
 
 class Buffers(NamedTuple):
@@ -124,8 +129,9 @@ def prepare(params, cfg, n_positions):
             t(p["w1"]), c(p["b1"]), t(p["w2"]), c(p["b2"])))
     out_norms = [(blk.ln1_g, blk.ln1_b) for blk in blocks[1:]]
     out_norms.append((c(params["lnf_g"]), c(params["lnf_b"])))
+    stacked = rnn_token.stack(blocks, out_norms) if rnn_token.fuses(cfg) else None
     return Weights(t(params["tok_emb"]), c(positions), tuple(blocks), tuple(out_norms),
-                   t(params["w_out"]), c(params["b_out"][:, None]))
+                   t(params["w_out"]), c(params["b_out"][:, None]), stacked)
 
 
 def buffers(cfg, b, n_positions):
@@ -145,7 +151,10 @@ def memories(cfg, b, n_positions, start=None):
     """Each layer's memory: a ``Recurrence`` (linear) or a ``SoftmaxCache`` (softmax) with room
     for n_positions; empty (S_0 = 0, z_0 = 0, Eq. 16-17) or, given ``start`` (what
     ``prefill.read_prompt`` returned for P positions), holding them: the Recurrence starts
-    from the state S_P, z_P, the cache's first P positions hold the keys and values."""
+    from the state S_P, z_P, the cache's first P positions hold the keys and values. With
+    elu+1 (``rnn_token.fuses``), one ``rnn_token.States`` for all layers instead."""
+    if rnn_token.fuses(cfg):
+        return rnn_token.states(cfg, b, start)
     h, dh = cfg.n_heads, cfg.d_head
     start = start or (None,) * cfg.n_layers
     if cfg.attention == "linear":
@@ -189,6 +198,12 @@ def token_logits(weights, buf, memories, cfg, tokens, t):
     """
     b, d = buf.x.shape[1], cfg.d_model
     relu, scale = cfg.activation == "relu", buf.x.dtype.type(cfg.d_head ** -0.5)
+    if isinstance(memories, rnn_token.States):          # every layer in one compiled call
+        rnn_token.token(weights.stacked, weights.tok_emb_t, weights.positions[t],
+                        weights.w_out, weights.b_out, tokens, memories,
+                        buf.x.dtype.type(rnn_token.EPS), relu, buf.x, buf.h, buf.y, buf.qkv,
+                        buf.heads, buf.hidden, buf.logits)
+        return buf.logits.T
     first = weights.blocks[0]
     multiply = _multiply(b)
     np.take(weights.tok_emb_t, tokens, axis=1, out=buf.y)
