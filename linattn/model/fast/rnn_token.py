@@ -5,13 +5,14 @@ between its layers.
 Katharopoulos et al. (2020), arXiv:2006.16236, section 3.4: generating, each layer carries
 the state (S, z) of Eq. (16)-(20) and a token costs the same at every position. What a token
 computes is ``token_loop.token_logits`` line for line, with the same kernels: the products
-(as ``token_kernels.product`` makes them at one column; one BLAS call at more), ``token_kernels.add_norm``
-and ``bias_activate``, and the RNN step ``numba_cpu.step.step_into`` with elu+1 applied
-inside it. What changes is where the loop over layers runs (here, compiled, instead of in
-Python) and, for a batch, that the step runs its sequences on all threads. A token of the
-8-layer MNIST-shaped model makes about ten calls a layer, each of which pays Python's and
-Numba's dispatch; at one sequence that is a good part of the token's time
-(docs/performance.md compares the token's time with its products alone).
+(as ``token_kernels.product`` makes them at one column; one BLAS call at more),
+``token_kernels.add_norm`` and ``bias_activate``, and the RNN step
+``numba_cpu.step.step_into`` with elu+1 applied inside it. What changes is where the loop
+over layers runs (here, compiled, instead of in Python) and, for a batch, that the step runs
+its sequences on all threads. A token of the 8-layer MNIST-shaped model makes about ten
+calls a layer, each of which pays Python's and Numba's dispatch; at one sequence that is a
+good part of the token's time (docs/performance.md compares the token's time with its
+products alone).
 
 So that one call can take every layer, the blocks' weights are stacked along a leading
 axis of length L (``Stacked``), and the layers' states are two arrays, S (L, B, H, F, M)
