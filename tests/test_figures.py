@@ -174,3 +174,20 @@ def test_generation_step_runs_the_avx2_rnns_unless_quick(monkeypatch, tmp_path, 
     figures._generation(tmp_path, quick, "c", "PEER")
     assert calls == ([] if quick else
                      [(tmp_path / "data" / "avx2" / "generation_speed.csv", "PEER")])
+
+
+def test_only_runs_the_steps_of_the_named_figures(monkeypatch, tmp_path, capsys):
+    """--only: the steps whose line names one of the figures, in order; the others not at
+    all; an unknown figure is a usage error."""
+    from linattn.lab import figures
+    ran = []
+    monkeypatch.setattr(figures, "FIGURES", [
+        (name, lambda out, quick, caption, peer, name=name: ran.append(name) or ())
+        for name, _ in figures.FIGURES])
+    monkeypatch.setattr("linattn.lab.performance_page.write_page", lambda *a: "page")
+    assert figures.main(["--quick", "--out", str(tmp_path), "--only", "generation_speed",
+                         "memory_vs_n"]) == 0
+    assert ran == ["time_vs_n, memory_vs_n, time_per_token", "generation_speed"]
+    assert "[2/2] generation_speed" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        figures.main(["--only", "no_such_figure"])

@@ -478,7 +478,8 @@ FIGURES = [("time_vs_n, memory_vs_n, time_per_token", _benchmark),
 
 
 def main(argv=None):
-    """``python -m linattn.lab.figures [--quick] [--out DIR]``: regenerate every figure."""
+    """``python -m linattn.lab.figures [--quick] [--out DIR] [--peer-python PY] [--only
+    FIGURE ...]``: regenerate every figure, or the steps that draw those named."""
     parser = Parser(
         prog="python -m linattn figures",
         description="Measure afresh and write each figure as a PNG with a CSV beside it.")
@@ -489,11 +490,18 @@ def main(argv=None):
     parser.add_argument("--peer-python", type=executable, default=None,
                         help="an interpreter with torch and pytorch-fast-transformers: the "
                              "time and memory figures then draw them as dashed lines")
+    parser.add_argument("--only", nargs="+", metavar="FIGURE", default=None,
+                        choices=[f for name, _ in FIGURES for f in name.split(", ")],
+                        help="only the steps that draw these figures (a step draws every "
+                             "figure its line names); the page is still written from all "
+                             "the files in the folder")
     args = parser.parse_args(argv)
     from .bench.timing import machine as bench_machine
     caption = f"computed on {measure.machine_caption(bench_machine())}"
-    for i, (name, make) in enumerate(FIGURES, 1):
-        print(f"[{i}/{len(FIGURES)}] {name} ...", end="", flush=True)
+    steps = [(name, make) for name, make in FIGURES
+             if args.only is None or set(name.split(", ")) & set(args.only)]
+    for i, (name, make) in enumerate(steps, 1):
+        print(f"[{i}/{len(steps)}] {name} ...", end="", flush=True)
         start = time.perf_counter()
         paths = make(args.out, args.quick, caption, args.peer_python)
         print(f" {time.perf_counter() - start:.1f} s -> {', '.join(map(str, paths))}")
