@@ -7,6 +7,8 @@ import pathlib
 
 import pytest
 
+from helpers import CELL_TIMEOUT_S
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("matplotlib")
@@ -25,7 +27,7 @@ def test_notebook_runs_from_a_clean_kernel(path, tmp_path, monkeypatch):
     monkeypatch.setenv("LINATTN_QUICK", "1")
     monkeypatch.setenv("LINATTN_NOTEBOOK_OUT", str(tmp_path))
     nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                                      resources={"metadata": {"path": str(path.parent)}})
     client.execute()  # raises CellExecutionError, naming the cell, on any error
     assert any(tmp_path.glob("*.png")) or "figures." not in path.read_text()

@@ -6,6 +6,8 @@ import pathlib
 
 import pytest
 
+from helpers import CELL_TIMEOUT_S
+
 nbformat = pytest.importorskip("nbformat")
 
 NOTEBOOKS = pathlib.Path(__file__).resolve().parents[1] / "notebooks"
@@ -60,7 +62,7 @@ def test_student_notebook_runs_with_every_exercise_not_attempted(name, copy, tmp
     nb = nbformat.read(copy / name, as_version=4)
     if not exercise_cells(nb):
         pytest.skip(f"{name} has no exercise cells yet")
-    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+    nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(copy)}}).execute()
     for cell in exercise_cells(nb):
         text = "".join(out.get("text", "") for out in cell.outputs)
