@@ -1,14 +1,16 @@
-"""Compile the common Numba kernels now, instead of at their first call.
+"""Compile the attention kernels now, instead of at their first call.
 
 Every Numba kernel compiles on its first call in a process whose disk cache (Numba's, beside
-the sources or in ``NUMBA_CACHE_DIR``) does not hold it yet: 15-60 s each, once per machine,
-announced by one line on stderr (``linattn.numba_cpu.compile_notice``). ``warmup`` makes
+the sources or in ``NUMBA_CACHE_DIR``) does not hold it yet, once for each cache, announced
+by one line on stderr (``linattn.numba_cpu.compile_notice``); compiling takes seconds to
+minutes, loading from the cache far less. ``warmup`` makes
 those first calls on small arrays, so that a lesson, a benchmark or a demo starts warm:
 
     python -m linattn warmup                       # float32, the usual families
     python -m linattn warmup --dtypes float32 float64 --families linear step softmax lsh
 
-With a warm cache it only loads the kernels (a second or two).
+With a warm cache it only loads the kernels. The model's own kernels (training, generation)
+compile at their first call.
 """
 import sys
 import time

@@ -1,6 +1,8 @@
 """The whole-token compiled call of a linear transformer with elu+1 (``rnn_token.token``)
 computes what ``token_loop.token_logits`` computes layer by layer from Python with
-``linattn.Recurrence`` memories: the same logits and the same states, token after token."""
+``linattn.Recurrence`` memories: the same logits at every token, the same states after the
+last, at one sequence and at several, and with a product large enough to be one BLAS call
+at one sequence."""
 import inspect
 
 import numpy as np
@@ -53,6 +55,24 @@ def test_one_call_equals_the_layer_loop(dtype, rtol, activation, b):
     for layer, rnn in enumerate(loop):                  # the states after 12 tokens
         np.testing.assert_allclose(fused.s[layer], rnn.state.S, rtol=rtol, atol=rtol)
         np.testing.assert_allclose(fused.z[layer], rnn.state.z, rtol=rtol, atol=rtol)
+
+
+def test_a_product_big_enough_for_one_blas_call():
+    """d_mlp x d_model = 2^20 multiply-adds at one column: past ``token_kernels.product``'s
+    threshold, W_1 and W_2 are each one BLAS call instead of two blocks."""
+    from linattn.model.fast.token_kernels import PRODUCT_BLOCKS
+    from linattn.numba_cpu.chunked import SINGLE_THREAD_PRODUCT
+    cfg = ModelConfig(**{**SHAPE, "d_model": 512, "d_mlp": 2048, "n_layers": 1,
+                         "n_heads": 8}, dtype="float64")
+    assert cfg.d_mlp * cfg.d_model >= PRODUCT_BLOCKS * SINGLE_THREAD_PRODUCT
+    params = _params(cfg)
+    weights, ids = token_loop.prepare(params, cfg, 3), np.array([[1, 5, 2]])
+    fused_buf, loop_buf = token_loop.buffers(cfg, 1, 3), token_loop.buffers(cfg, 1, 3)
+    fused, loop = token_loop.memories(cfg, 1, 3), _layer_by_layer(cfg, 1)
+    for t in range(3):
+        got = token_loop.token_logits(weights, fused_buf, fused, cfg, ids[:, t], t).copy()
+        want = token_loop.token_logits(weights, loop_buf, loop, cfg, ids[:, t], t)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
 
 
 def test_a_nan_embedding_poisons_only_its_sequence():

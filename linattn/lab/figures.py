@@ -492,8 +492,9 @@ def main(argv=None):
                              "time and memory figures then draw them as dashed lines")
     parser.add_argument("--only", nargs="+", metavar="FIGURE", default=None,
                         choices=[f for name, _ in FIGURES for f in name.split(", ")],
-                        help="only the steps that draw these figures (a step draws every "
-                             "figure its line names); the page is still written from all "
+                        help="only the steps that write these (the names in "
+                             "linattn.lab.figures.FIGURES; the first step also writes the "
+                             "benchmark's data files); the page is still written from all "
                              "the files in the folder")
     args = parser.parse_args(argv)
     from .bench.timing import machine as bench_machine

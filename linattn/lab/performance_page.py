@@ -209,9 +209,10 @@ def _generation(figures_dir):
 
 
 def _generation_modes(figures_dir, native, native_meta):
-    """pft's RNN time over linattn's RNN time at each batch, from ``native`` (the rows of
-    ``generation_speed.csv``) and from ``data/avx2/generation_speed.csv`` (the RNNs alone,
-    every side held to AVX2) side by side, each side's instruction set named."""
+    """pft's RNN time over linattn's RNN time, and over linattn's token products alone, at
+    each batch, from ``native`` (the rows of ``generation_speed.csv``) and from
+    ``data/avx2/generation_speed.csv`` (the RNNs alone, every side held to AVX2) side by
+    side, each side's instruction set named."""
     from .speed import FLOOR_NAME, NAMES, PEER_NAME
     path = figures_dir / "data" / "avx2" / "generation_speed.csv"
     avx2, avx2_meta = _csv(path)
@@ -231,9 +232,9 @@ def _generation_modes(figures_dir, native, native_meta):
     if avx2 is not None:
         intro += (f" (the AVX2 run: `{path.relative_to(figures_dir)}`, "
                   f"{avx2_meta.get('date')}; peers: {avx2_meta.get('peers')})")
-    text = [intro + ". The products alone are the same token's matrix products without its "
-            "attention and element work (the floor of the RNN rows above): pft's time over "
-            "them is the ratio a token loop with free element work would reach."]
+    text = [intro + ". The products alone are the same token's matrix products, each called "
+            "from Python, without its attention and element work: pft's time over them is "
+            "about the ratio a token loop whose element work cost nothing would reach."]
     if avx2 is None:
         text.append(f"Not in this run: `{path.relative_to(figures_dir)}` is missing.")
     batches = sorted({b for by_batch in ratios for b in by_batch})
@@ -245,7 +246,7 @@ def _generation_modes(figures_dir, native, native_meta):
         return value if value not in (None, "", "None") else "not recorded"
     body = [[f"pft s / linattn s, batch {b}"] + [_sig(r.get(b)) for r in ratios]
             for b in batches]
-    # the most the ratio can be while a token reads every weight: pft over our products alone
+    # about the most the ratio can be while a token reads every weight: pft over our products
     body += [[f"pft s / linattn's products alone, batch {b}"] + [_sig(c.get(b))
                                                                   for c in ceilings]
              for b in batches]

@@ -24,7 +24,8 @@ softmax giving the keys and values that fill the cache), then go on a token at a
 that state or cache.
 The first two run on the path ``path`` names (``model.paths``): "lean", the default, the
 compiled token loop of ``model.fast.token_loop`` (weights prepared once, buffers reused,
-one ``linattn.Recurrence`` per layer, compiled element work); "reference", ``step`` of
+compiled element work; with elu+1 features a whole token in one compiled call,
+``model.fast.rnn_token``); "reference", ``step`` of
 ``model.token_step`` a token at a time, the NumPy layers and the library's public
 attention. tests/test_model_generate.py holds the two together: logits within rounding in
 float64 and the same tokens, greedy or sampled.

@@ -4,15 +4,16 @@ between its layers.
 
 Katharopoulos et al. (2020), arXiv:2006.16236, section 3.4: generating, each layer carries
 the state (S, z) of Eq. (16)-(20) and a token costs the same at every position. What a token
-computes is ``token_loop.token_logits`` line for line, with the same kernels: the products
-(as ``token_kernels.product`` makes them at one column; one BLAS call at more),
-``token_kernels.add_norm`` and ``bias_activate``, and the RNN step
-``numba_cpu.step.step_into`` with elu+1 applied inside it. What changes is where the loop
-over layers runs (here, compiled, instead of in Python) and, for a batch, that the step runs
-its sequences on all threads. A token of the 8-layer MNIST-shaped model makes about ten
-calls a layer, each of which pays Python's and Numba's dispatch; at one sequence that is a
-good part of the token's time (docs/performance.md compares the token's time with its
-products alone).
+computes is ``token_loop.token_logits`` line for line, with the same element kernels
+(``token_kernels.add_norm`` and ``bias_activate``), the RNN step ``numba_cpu.step.step_into``
+with elu+1 applied inside it, and the products as ``token_kernels.product`` makes them at one
+column. Three things change:
+- the loop over layers runs here, compiled, instead of in Python, where a token of the
+  8-layer MNIST-shaped model makes about ten calls a layer, each paying Python's dispatch
+  (and Numba's, for the compiled ones);
+- with more than one sequence, a product is one BLAS call from Numba, which binds SciPy's
+  OpenBLAS, where ``token_logits`` calls ``np.matmul`` and NumPy's OpenBLAS;
+- with more than one sequence, the step runs the sequences on Numba's threads.
 
 So that one call can take every layer, the blocks' weights are stacked along a leading
 axis of length L (``Stacked``), and the layers' states are two arrays, S (L, B, H, F, M)
@@ -42,8 +43,9 @@ EPS = 1e-6
 class Stacked(NamedTuple):
     """Every block's weights, ``token_loop.Block``'s, stacked along a first axis of length
     L: LN gains and biases (L, D), W_QKV^T (L, 3 D, D), b_QKV (L, 3 D), W_O^T (L, D, D),
-    b_O (L, D), W_1^T (L, F, D), b_1 (L, F), W_2^T (L, D, F), b_2 (L, D), and the gain and
-    bias of the layer norm that reads each block's output (L, D): ``Weights.out_norms``."""
+    b_O (L, D), W_1^T (L, d_mlp, D), b_1 (L, d_mlp), W_2^T (L, D, d_mlp), b_2 (L, D), and
+    the gain and bias of the layer norm that reads each block's output (L, D):
+    ``Weights.out_norms``."""
 
     ln1_g: np.ndarray
     ln1_b: np.ndarray
@@ -108,9 +110,9 @@ def _multiply(w, x, out):
     (``token_kernels.product``); one BLAS call, threaded by the BLAS, for more columns.
 
     Inlined into ``token``, whose ``prange`` this loop becomes, so that it is compiled with
-    it. ``token`` calling ``token_kernels.product`` instead crashed the process (a
-    segmentation fault) where Numba loaded ``product`` from its disk cache while compiling
-    ``token``."""
+    it, not linked from another cached kernel: while this module was written, ``token``
+    calling ``token_kernels.product`` crashed a process (a segmentation fault) in which
+    Numba compiled ``token`` and loaded ``product`` from its disk cache."""
     n = w.shape[0]
     if x.shape[1] > 1 or n * w.shape[1] >= PRODUCT_BLOCKS * SINGLE_THREAD_PRODUCT:
         gemm(w, x, out, 0)
@@ -128,13 +130,12 @@ def token(st, tok_emb_t, position, w_out, b_out, tokens, mem, eps, relu,
 
     st : Stacked; tok_emb_t (D, V); position (D,), this position's encoding; w_out (V, D),
     b_out (V, 1); mem : States, updated in place; eps of the dtype; relu : bool (else GELU);
-    x, h, y, heads (D, B), qkv (3 D, B), hidden (F, B): ``token_loop.Buffers``' arrays.
+    x, h, y, heads (D, B), qkv (3 D, B), hidden (d_mlp, B): ``token_loop.Buffers``' arrays.
 
     Per layer, pre-norm (Eq. 1): q | k | v = h W_QKV + b_QKV, the RNN step (Eq. 18-20,
     elu+1 inside), x += heads W_O + b_O, h = LN(x), x += act(h W_1 + b_1) W_2 + b_2,
-    h = LN(x). With more than one sequence, the step runs the sequences on Numba's threads
-    (the layer's state, B H F M numbers, is then the larger part of a step's work); each
-    sequence's arithmetic is the same either way. Cost: O(L B d_model (4 d_model + 2 d_mlp)
+    h = LN(x). With more than one sequence, the step runs the sequences on Numba's threads;
+    each sequence's arithmetic is the same either way. Cost: O(L B d_model (4 d_model + 2 d_mlp)
     + B d_model V) for the products, O(L B d_model d_head) for the steps.
     """
     d, n_batch = x.shape

@@ -9,7 +9,8 @@ validating, splitting heads and allocating as it goes. Here that is done once pe
 ``generate``:
 - ``prepare``: the weights in the model dtype, C-contiguous and transposed, (out, in);
   W_Q, W_K, W_V joined into one (3 d_model, d_model) matrix (one product instead of three);
-  the position encodings of every position the loop will read;
+  the position encodings of every position the loop will read; with elu+1, a second copy
+  of the blocks' weights stacked by layer (``rnn_token.Stacked``);
 - ``buffers``: every per-token array (the residual stream x, LN(x), q | k | v, the heads'
   outputs, the MLP's hidden layer, the logits) allocated for the batch;
 - ``memories``: one ``linattn.Recurrence`` per layer (lead shape (B, H), its state updated
@@ -17,8 +18,9 @@ validating, splitting heads and allocating as it goes. Here that is done once pe
   with elu+1, every layer's state in two arrays instead (``rnn_token.States``); all start
   from the prompt, read in one parallel pass per layer (``prefill.read_prompt``): the
   states from its state, the cache with its keys and values.
-Then ``token_logits`` per token: per block four BLAS products, the attention, and three
-compiled calls for the element work between them (``token_kernels``); with elu+1, the same
+Then ``token_logits`` per token: per block four BLAS products, the attention, and the
+element work between them (three compiled calls of ``token_kernels``, two NumPy adds of a
+bias); with elu+1, the same
 work in one compiled call for the whole token (``rnn_token.token``). ``next_logits`` runs
 it over a sequence, as ``token_step.next_logits`` runs ``step``.
 
@@ -26,8 +28,9 @@ Layout: a token's arrays are columns, (features, B), and every product is
 out^T = W^T in^T, with W^T (out, in) C-contiguous: the same result as x W, in the
 orientation OpenBLAS multiplies faster for a batch of a few columns. At B = 1 OpenBLAS runs
 a product with one column on one thread, so ``token_kernels.product`` splits it into two
-blocks of rows on two threads; at larger B NumPy's one call stays. The measurements behind
-both choices, and where a token's time goes: docs/performance.md.
+blocks of rows on two threads; at larger B NumPy's one call stays (``rnn_token``'s one
+call from Numba). The performance page (docs/performance.md) compares a token's time with
+its products alone.
 
 Oracle: ``token_step.step``; tests/test_model_generate.py holds the two to each other.
 """
@@ -188,10 +191,11 @@ def token_logits(weights, buf, memories, cfg, tokens, t):
     result, a view of ``buf.logits`` (overwritten by the next call). Updates ``memories``
     in place.
 
-    Per block, as ``transformer.block`` (pre-norm, Eq. 1), with h = LN(x) already made by
-    the previous ``add_norm``: q | k | v = h W_QKV + b_QKV, the attention, x += heads W_O
-    + b_O, h = LN(x), x += act(h W_1 + b_1) W_2 + b_2, and h = LN(x) for what comes next;
-    every product as out^T = W^T in^T on columns.
+    With ``rnn_token.States`` memories (elu+1), one compiled call, ``rnn_token.token``, does
+    all of this. Per block, as ``transformer.block`` (pre-norm, Eq. 1), with h = LN(x)
+    already made by the previous ``add_norm``: q | k | v = h W_QKV + b_QKV, the attention,
+    x += heads W_O + b_O, h = LN(x), x += act(h W_1 + b_1) W_2 + b_2, and h = LN(x) for what
+    comes next; every product as out^T = W^T in^T on columns.
 
     Cost per token: O(L B d_model (4 d_model + 2 d_mlp) + B d_model V) for the products,
     plus O(L B d_model d_head) (linear) or O(L B t d_model) (softmax) for the attention.
