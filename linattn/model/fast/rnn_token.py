@@ -7,13 +7,14 @@ the state (S, z) of Eq. (16)-(20) and a token costs the same at every position. 
 computes is ``token_loop.token_logits`` line for line, with the same element kernels
 (``token_kernels.add_norm`` and ``bias_activate``), the RNN step ``numba_cpu.step.step_into``
 with elu+1 applied inside it, and the products as ``token_kernels.product`` makes them at one
-column. Three things change:
+column. Two things change:
 - the loop over layers runs here, compiled, instead of in Python, where a token of the
   8-layer MNIST-shaped model makes about ten calls a layer, each paying Python's dispatch
   (and Numba's, for the compiled ones);
 - with more than one sequence, a product is one BLAS call from Numba, which binds SciPy's
-  OpenBLAS, where ``token_logits`` calls ``np.matmul`` and NumPy's OpenBLAS;
-- with more than one sequence, the step runs the sequences on Numba's threads.
+  OpenBLAS, where ``token_logits`` calls ``np.matmul`` and NumPy's OpenBLAS.
+The step stays serial: running a batch's sequences on Numba's threads, between products
+threaded by OpenBLAS, made a token at batch 16 many times slower on a 2-core machine.
 
 So that one call can take every layer, the blocks' weights are stacked along a leading
 axis of length L (``Stacked``), and the layers' states are two arrays, S (L, B, H, F, M)
@@ -134,8 +135,7 @@ def token(st, tok_emb_t, position, w_out, b_out, tokens, mem, eps, relu,
 
     Per layer, pre-norm (Eq. 1): q | k | v = h W_QKV + b_QKV, the RNN step (Eq. 18-20,
     elu+1 inside), x += heads W_O + b_O, h = LN(x), x += act(h W_1 + b_1) W_2 + b_2,
-    h = LN(x). With more than one sequence, the step runs the sequences on Numba's threads;
-    each sequence's arithmetic is the same either way. Cost: O(L B d_model (4 d_model + 2 d_mlp)
+    h = LN(x). Cost: O(L B d_model (4 d_model + 2 d_mlp)
     + B d_model V) for the products, O(L B d_model d_head) for the steps.
     """
     d, n_batch = x.shape
@@ -155,12 +155,7 @@ def token(st, tok_emb_t, position, w_out, b_out, tokens, mem, eps, relu,
                     mem.q[c, hd, j] = qkv[i, c] + bias[i]
                     mem.k[c, hd, j] = qkv[d + i, c] + bias[d + i]
                     mem.v[c, hd, j] = qkv[2 * d + i, c] + bias[2 * d + i]
-        if n_batch == 1:                                # Eq. (18)-(20), elu+1 inside
-            step_into(mem.q, mem.k, mem.v, mem.s[layer], mem.z[layer], mem.out, eps, True)
-        else:                                           # the sequences on all threads
-            for c in prange(n_batch):
-                step_into(mem.q[c], mem.k[c], mem.v[c], mem.s[layer, c], mem.z[layer, c],
-                          mem.out[c], eps, True)
+        step_into(mem.q, mem.k, mem.v, mem.s[layer], mem.z[layer], mem.out, eps, True)
         for c in range(n_batch):                        # the heads' outputs as columns
             for hd in range(n_heads):
                 for j in range(d_head):
