@@ -21,6 +21,8 @@ BACKEND_ALLOWED = {
     "linattn.model.fast.optim": "Adam's update as one compiled pass: Numba-only by design",
     "linattn.model.fast.token_kernels": "a generated token's element work and split "
                                         "products: Numba-only by design",
+    "linattn.model.fast.rnn_token": "a whole generated token as one compiled call, calling "
+                                    "the Numba RNN step inside it: Numba-only by design",
 }
 BACKEND_PACKAGES = ("linattn.numba_cpu", "linattn.cuda", "numba", "cupy")
 

@@ -31,10 +31,12 @@ from numba import njit, prange
 
 from . import token_kernels as kernels
 from .token_kernels import PRODUCT_BLOCKS
+from ... import dispatch
 from ...feature_maps import get_feature_map
+from ...numba_cpu import step as step_kernel
 from ...numba_cpu.blas import gemm
 from ...numba_cpu.chunked import SINGLE_THREAD_PRODUCT
-from ...numba_cpu.step import FUSED_FEATURE_MAPS, step_into
+from ...numba_cpu.step import step_into
 
 # the eps of Eq. (20)'s denominator: the library's default (``linattn.Recurrence``,
 # ``linear_attention``), which the model's layers use
@@ -80,7 +82,7 @@ def fuses(cfg):
     """Whether ``cfg``'s tokens run here: linear attention with elu+1, which the step
     kernel applies itself (any other feature map runs through ``linattn.Recurrence``)."""
     return (cfg.attention == "linear"
-            and isinstance(get_feature_map(cfg.feature_map), FUSED_FEATURE_MAPS))
+            and dispatch.fuses(step_kernel, get_feature_map(cfg.feature_map)))
 
 
 def stack(blocks, out_norms):
