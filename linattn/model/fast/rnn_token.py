@@ -137,8 +137,8 @@ def token(st, tok_emb_t, position, w_out, b_out, tokens, mem, eps, relu,
 
     Per layer, pre-norm (Eq. 1): q | k | v = h W_QKV + b_QKV, the RNN step (Eq. 18-20,
     elu+1 inside), x += heads W_O + b_O, h = LN(x), x += act(h W_1 + b_1) W_2 + b_2,
-    h = LN(x). Cost: O(L B d_model (4 d_model + 2 d_mlp)
-    + B d_model V) for the products, O(L B d_model d_head) for the steps.
+    h = LN(x). Cost: O(L B d_model (4 d_model + 2 d_mlp) + B d_model V) for the products,
+    O(L B d_model d_head) for the steps.
     """
     d, n_batch = x.shape
     n_heads, d_head = mem.q.shape[1], mem.q.shape[2]
