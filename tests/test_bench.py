@@ -86,3 +86,15 @@ def test_the_peers_script_imports_without_linattn(tmp_path):
     run = subprocess.run([sys.executable, "-c", probe, str(folder)], capture_output=True,
                          text=True, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
+
+
+def test_blas_is_named_with_the_package_that_ships_it():
+    # NumPy and SciPy each load their own OpenBLAS, of different versions
+    assert timing._package("/v/lib/python3.11/site-packages/numpy.libs/libscipy_openblas64_.so"
+                           ) == "numpy"
+    assert timing._package("/v/lib/python3.11/site-packages/scipy.libs/libscipy_openblas.so"
+                           ) == "scipy"
+    assert timing._package("/usr/lib/libopenblas.so") is None
+    entry = {"internal_api": "openblas", "version": "0.3.30", "architecture": "Haswell"}
+    assert timing.blas_label(entry) == "openblas 0.3.30 (Haswell)"
+    assert timing.blas_label({**entry, "package": "scipy"}) == "openblas 0.3.30 (Haswell) of scipy"

@@ -136,6 +136,17 @@ def test_generation_speed_draws_from_its_csv(tmp_path):
         (r["name"], r["batch"], r["images_per_s"]) for r in rows]
 
 
+def test_generation_csv_names_each_sides_instruction_set(tmp_path):
+    # the performance page reads these two lines to name what each side ran with
+    meta = {"machine": "m", "threads": "t", "peers": "p", "rounds": "3", "model": "tiny",
+            "dtype": "float32", "instruction_set": "native (numba x with AVX-512)",
+            "peer_cpu_capability": "AVX512"}
+    _, table = figures.generation_figure(_generation_rows(), meta, tmp_path)
+    _, back = figures.read_csv(table)
+    assert back["instruction_set"] == "native (numba x with AVX-512)"
+    assert back["peer_cpu_capability"] == "AVX512"
+
+
 def test_generation_speed_rejects_rows_without_a_batch(tmp_path):
     with pytest.raises(ValueError, match="no rows"):
         figures.generation_speed([], tmp_path / "g")

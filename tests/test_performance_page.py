@@ -104,3 +104,15 @@ def test_generation_ratios_native_and_avx2_side_by_side(tmp_path):
     assert "| pft CPU capability (torch) | AVX512 | AVX2 |" in page
     assert ("| linattn instruction set | native (numba znver4 with AVX-512) | AVX2 mode "
             "(numba haswell, OpenBLAS Haswell) |") in page
+
+
+def test_fastest_form_is_read_from_the_rows():
+    from linattn.lab.page_rules import _fastest
+    rows = [{"case": "delta numba chunked", "n": "64", "forward_backward_best_s": "0.005"},
+            {"case": "delta numpy chunked", "n": "64", "forward_backward_best_s": "0.004"},
+            {"case": "delta numba chunked", "n": "4096", "forward_backward_best_s": "0.2"},
+            {"case": "delta numpy chunked", "n": "4096", "forward_backward_best_s": "0.4"},
+            {"case": "decay numba loops", "n": "64", "forward_backward_best_s": ""}]
+    assert _fastest(rows) == ("Fastest forward + backward in that run: at N = 64, delta numpy "
+                              "chunked; at N = 4096, delta numba chunked.")
+    assert _fastest([]) == ""

@@ -185,9 +185,10 @@ def _figure(rows, path, x, columns, schema, xlabel, ylabel, title, scale=1.0, lo
     return _save(fig, rows, path, schema, caption, tier)
 
 
-def _save(fig, rows, path, schema, caption, tier="figures"):
+def _save(fig, rows, path, schema, caption, tier="figures", header=None):
     """Put ``caption`` (the machine) under the panels, wrapped to the figure's width, and
-    write path.png and path.csv (the rows, the caption and ``tier`` in its header)."""
+    write path.png and path.csv (the rows, the caption, ``tier`` and the ``header`` dict's
+    items in its header)."""
     if caption:                           # wrapped to the figure's width, about 17 chars an inch
         width = int(17 * fig.get_figwidth())
         fig.supxlabel("\n".join(textwrap.fill(line, width) for line in caption.split("\n")),
@@ -199,7 +200,7 @@ def _save(fig, rows, path, schema, caption, tier="figures"):
     meta = {"figure": path.stem, **machine()}
     if caption:
         meta["caption"] = caption
-    write_csv(table, rows, schema, meta, tier)
+    write_csv(table, rows, schema, {**meta, **(header or {})}, tier)
     return png, table
 
 
@@ -263,12 +264,13 @@ def speech_per(rows, path, title=None, caption=None, tier="figures"):
                    "", title, loglog=False, caption=caption, tier=tier)
 
 
-def generation_speed(rows, path, title=None, caption=None, tier="figures"):
+def generation_speed(rows, path, title=None, caption=None, tier="figures", header=None):
     """Images per second and seconds per image of each generation form, one group of bars
     per batch size, log y: the measured form of Tables 1, 4 and 5 of the paper. Rows:
     GENERATION_COLUMNS, from ``linattn.lab.speed.speed_table``; rows whose ``library`` is
     not linattn (the peers) are hatched ``//`` with a dashed edge, and estimated rows
-    (``measured`` false) are pale and marked "est." over their bar."""
+    (``measured`` false) are pale and marked "est." over their bar. ``header``: more
+    ``key: value`` lines for the CSV (the instruction sets each side ran with)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -303,7 +305,7 @@ def generation_speed(rows, path, title=None, caption=None, tier="figures"):
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False)
     if title:
         fig.suptitle(title)
-    return _save(fig, rows, path, GENERATION_COLUMNS, caption, tier)
+    return _save(fig, rows, path, GENERATION_COLUMNS, caption, tier, header)
 
 
 def retrieval_capacity(rows, path, title=None, caption=None, tier="figures"):
@@ -466,8 +468,10 @@ def generation_figure(rows, meta, out):
     caption = (f"measured on {meta['machine']}; {meta['threads']}; peers: {meta['peers']}\n"
                f"medians over {meta['rounds']} rounds; pale bars marked est.: estimated from "
                f"single tokens timed at a few prefix lengths")
+    header = {key: meta.get(key) for key in ("instruction_set", "peer_cpu_capability")}
     return generation_speed(rows, pathlib.Path(out) / "generation_speed", caption=caption,
-                            title=f"Generating images: {meta['model']}, {meta['dtype']}")
+                            title=f"Generating images: {meta['model']}, {meta['dtype']}",
+                            header=header)
 
 
 # The figures ``main`` regenerates: (name, function(out_dir, quick, caption, peer_python)).

@@ -24,6 +24,7 @@ import os
 import numpy as np
 
 from . import isa
+from .bench.timing import blas_label
 from ..feature_maps import Favor, Taylor
 from ..linear import linear_attention
 from ..model.train import DEFAULT_ADAM, TrainConfig, copy_task_curves, read_log
@@ -360,8 +361,7 @@ def machine_caption(machine):
     """One line naming the machine of a benchmark's ``machine`` dict: CPU, cores, BLAS."""
     blas = machine.get("blas")
     if isinstance(blas, list) and blas:
-        b = blas[0]
-        blas = f"{b.get('internal_api')} {b.get('version')} ({b.get('architecture')})"
+        blas = ", ".join(blas_label(b) for b in blas)
     caption = (f"{machine.get('cpu')}, {machine.get('cores_available')} cores, BLAS {blas}, "
                f"numba {machine.get('numba')} on {machine.get('numba_threads')} threads")
     if machine.get("instruction_set"):    # benchmarks from before it was recorded lack it

@@ -18,12 +18,13 @@ import argparse
 import pathlib
 
 
-from .. import dispatch, threads
 from . import isa
-from .figures import fitted_slope, read_csv
+from .bench.timing import blas_label
+from .figures import fitted_slope
 from .measure import crossover_n
 from .page_experiments import _copy_task, _images, _retrieval, _speech
-from .page_format import _csv, _json, _missing, _ms, _pivot, _sig, _source, _table
+from .page_format import _csv, _json, _missing, _pivot, _sig, _source, _table
+from .page_rules import _auto, _threads
 
 
 def page_path(figures_dir):
@@ -51,7 +52,7 @@ def write_page(figures_dir="figures", out="docs/performance.md"):
                 _memory(figures_dir), _tokens(figures_dir), _generation(figures_dir),
                 _training_step(figures_dir), _copy_task(figures_dir), _images(figures_dir),
                 _speech(figures_dir), _retrieval(figures_dir), _threads(bench),
-                _auto(figures_dir)]
+                _auto(figures_dir, bench)]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n\n".join(s.strip("\n") for s in sections if s) + "\n")
     return out
@@ -74,9 +75,8 @@ def _header(figures_dir, bench):
     m = bench["machine"]
     blas = m.get("blas")
     if isinstance(blas, list):
-        blas = "; ".join(f"{b.get('internal_api')} {b.get('version')} "
-                         f"({b.get('architecture')}, {b.get('num_threads')} threads, "
-                         f"{b.get('threading_layer')})" for b in blas)
+        blas = "; ".join(f"{blas_label(b)}, {b.get('num_threads')} threads, "
+                         f"{b.get('threading_layer')}" for b in blas)
     peers = bench.get("peers") or {}
     lines += [f"- date of the benchmark: {m.get('date')}",
               f"- CPU: {m.get('cpu')}, {m.get('cores_available')} cores available",
@@ -110,7 +110,9 @@ def _summary(bench):
         return "## Head to head\n\nNot in this run: `data/bench.json` has no summary."
     rows = [[quantity, _sig(value)] for quantity, value in bench["summary"]]
     return ("## Head to head\n\nThe benchmark's summary: ratios of two timings taken in turn "
-            "(the median over the rounds), and ratios to the machine's own yardsticks.\n\n"
+            "(the median over the rounds), and ratios to the machine's own yardsticks. Each "
+            "ratio is its own pair's median, so two rows that share a side need not multiply "
+            "to a third row exactly.\n\n"
             + _table(["quantity", "measured"], rows))
 
 
@@ -294,87 +296,6 @@ def _training_step(figures_dir):
             f"{first['repeats']} steps.\n\n"
             + "".join(line + "\n\n" for line in missing)
             + _table(["quantity", "native", "AVX2 mode"], body))
-
-
-THREADS_TEXT = """\
-A model alternates BLAS matrix products with Numba's parallel loops, and both keep a pool of
-threads. A thread that spins after its work holds a core the other pool needs, so the
-command-line entry points and the lab set three variables where the environment does not
-(`linattn.threads`; `import linattn` sets nothing; `python -m linattn.threads` prints them):
-
-{settings}
-
-- `OMP_WAIT_POLICY`: the compiled loops' OpenMP threads sleep when their loop ends instead
-  of spinning.
-- `GOMP_SPINCOUNT`: they first spin briefly, so that the many short loops of a generated
-  token do not each wake sleeping threads. A user who sets either OpenMP variable keeps both
-  as they are.
-- `OPENBLAS_THREAD_TIMEOUT`: OpenBLAS's threads stop spinning soon after a product instead
-  of after its long default. OpenBLAS reads it when NumPy loads it, which is why the entry
-  points relaunch themselves once with the settings in their environment.
-
-The benchmarks' peers run with the environment as the user had it
-(`linattn.threads.user_environment`). `python -m linattn.lab.bench.train_step` measures a
-training step with the settings (its table above, when the run has it)."""
-
-
-def _threads(bench):
-    settings = "\n".join(f"    {k}={v}" for k, v in threads.SETTINGS.items())
-    text = "## Thread settings\n\n" + THREADS_TEXT.format(settings=settings)
-    t = (bench or {}).get("threads")
-    if t and all(t.get(k) for k in ("one_s", "all_s", "blas_one_s", "blas_all_s")):
-        body = [["causal forward, heads = 1", _sig(t["one_s"] * 1e3), _sig(t["all_s"] * 1e3),
-                 _sig(t["one_s"] / t["all_s"])],
-                ["NumPy float32 matmul (the yardstick)", _sig(t["blas_one_s"] * 1e3),
-                 _sig(t["blas_all_s"] * 1e3), _sig(t["blas_one_s"] / t["blas_all_s"])]]
-        text += (f"\n\nOne thread against {t['threads']}, in turn, in this run "
-                 "(milliseconds, best of the calls):\n\n"
-                 + _table(["call", "1 thread", f"{t['threads']} threads", "speed-up"], body))
-    return text
-
-
-def _auto(figures_dir):
-    rule = dispatch.AUTO_METHOD["linear", "numba"]
-    widths = (16, 32, 64, 128)
-    body = []
-    for causal in (True, False):
-        longest = [max((n for n in range(1, 4097)
-                        if rule(causal, (n, d), frozenset()) == "quadratic"), default=0)
-                   for d in widths]
-        body.append(["causal" if causal else "non-causal"] + [str(n) for n in longest])
-    text = ["## The Numba backend's method \"auto\"", "",
-            "On the Numba backend, `method=\"auto\"` computes short sequences as blocks of the "
-            "N x N kernel matrix (`\"quadratic\"`: matrix products, no state) and longer ones "
-            "in blocks of positions carrying the state (`\"chunked\"`); the crossover grows "
-            "with the width D. The rule in `linattn/dispatch.py` gives, for each D, the "
-            "longest N computed as the kernel matrix:", "",
-            _table(["", *(f"D = {d}" for d in widths)], body)]
-    path = figures_dir / "data" / "bench_crossover.csv"
-    if path.exists():
-        rows = read_csv(path)[0]
-        cells = [[r.get("case"), r.get("heads", "-"), r.get("width", "-"), r.get("n"),
-                  _sig(_ms(r.get("forward_best_s"))), _sig(_ms(r.get("forward_backward_best_s")))]
-                 for r in rows]
-        text += ["", "The blocks against the paper's running sums as plain compiled loops "
-                 f"(`{path.name}`; best times, ms), the comparison that makes the blocks the "
-                 "default for long sequences:", "",
-                 _table(["case", "heads", "D = M", "N", "forward", "forward + backward"],
-                        cells, ["---", "---:", "---:", "---:", "---:", "---:"])]
-    path = figures_dir / "data" / "bench_auto_rules.csv"
-    if path.exists():
-        rows = read_csv(path)[0]
-        cells = [[r.get("case"), r.get("heads"), r.get("width"), r.get("n"),
-                  _sig(_ms(r.get("forward_best_s"))), _sig(_ms(r.get("forward_backward_best_s")))]
-                 for r in rows]
-        text += ["", "With a decay (0.99 here; a log gate and `normalize=False` take the same "
-                 "forms), method \"auto\" on Numba runs the gated running sums "
-                 "(`numba_cpu.decay_loops`, the only gated Numba kernel; the rule: "
-                 "`dispatch.GATED`) rather than NumPy's chunked form; for the delta rule it runs "
-                 "the compiled WY chunks rather than the compiled scan or NumPy's chunks. The "
-                 f"forms timed against each other (`{path.name}`; batch 1, best times, ms):", "",
-                 _table(["case", "heads", "D", "N", "forward", "forward + backward"],
-                        cells, ["---", "---:", "---:", "---:", "---:", "---:"])]
-    return "\n".join(text)
 
 
 def main(argv=None):

@@ -19,6 +19,7 @@
 """
 import contextlib
 import os
+import pathlib
 import platform
 import sys
 import time
@@ -176,9 +177,27 @@ def _blas():
         from threadpoolctl import threadpool_info
     except ImportError:
         return "threadpoolctl not installed"
-    return [{key: info.get(key) for key in ("internal_api", "version", "architecture",
-                                             "num_threads", "threading_layer")}
+    return [{**{key: info.get(key) for key in ("internal_api", "version", "architecture",
+                                                "num_threads", "threading_layer")},
+             "package": _package(info.get("filepath") or "")}
             for info in threadpool_info() if info.get("user_api") == "blas"]
+
+
+def _package(filepath):
+    """The package that ships a library, from its path: ``.../site-packages/numpy.libs/x.so``
+    gives "numpy" (NumPy and SciPy each load their own OpenBLAS; Numba's products call
+    SciPy's); None outside site-packages."""
+    parts = pathlib.PurePath(filepath).parts
+    for folder, name in zip(parts, parts[1:]):
+        if folder in ("site-packages", "dist-packages"):
+            return name.removesuffix(".libs")
+    return None
+
+
+def blas_label(entry):
+    """One BLAS of ``machine()["blas"]`` in words: "openblas 0.3.31 (Haswell) of numpy"."""
+    label = f"{entry.get('internal_api')} {entry.get('version')} ({entry.get('architecture')})"
+    return label + (f" of {entry['package']}" if entry.get("package") else "")
 
 
 def machine():

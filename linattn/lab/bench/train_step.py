@@ -183,8 +183,8 @@ def measure(cfg):
 def table(result):
     """The readable report: machine, threads, then batch | ours | pft | pft/ours."""
     m = result["machine"]
-    blas = "; ".join(f"{b['internal_api']} {b['version']} ({b['architecture']})"
-                     for b in m["blas"]) if isinstance(m["blas"], list) else m["blas"]
+    blas = "; ".join(timing.blas_label(b) for b in m["blas"]) if isinstance(m["blas"], list) \
+        else m["blas"]
     model = result["model"]
     lines = [f"training step, copy task N = {result['seq_len']}: {model['n_layers']} layers, "
              f"{model['n_heads']} heads, d_model {model['d_model']}, d_mlp {model['d_mlp']}, "
