@@ -1,6 +1,6 @@
 """The performance page's sections on how the library runs, not how fast: the thread
 settings of ``linattn.threads`` and the rule by which the Numba backend's method "auto" picks
-a form (``linattn.dispatch``), each with the benchmark's measurements that back it.
+a form (``linattn.dispatch``), each with the benchmark's related measurements.
 """
 from .. import dispatch, threads
 from .figures import read_csv
@@ -46,9 +46,10 @@ def _threads(bench):
 
 
 def _auto(figures_dir, bench=None):
-    """The rule's kernel-matrix lengths for each D, then the benchmark's timings of the
-    forms it chooses between (``data/bench_crossover.csv``, ``data/bench_auto_rules.csv``,
-    written by the benchmark of ``bench``), and which was fastest at each N."""
+    """The rule's kernel-matrix lengths for each D; the blocks against the running-sum loops
+    (``data/bench_crossover.csv``); the forms it chooses between for a decay and the delta
+    rule (``data/bench_auto_rules.csv``), and which was fastest at each N. Both files are
+    written by the benchmark of ``bench``."""
     date = ((bench or {}).get("machine") or {}).get("date", "date not recorded")
     rule = dispatch.AUTO_METHOD["linear", "numba"]
     widths = (16, 32, 64, 128)

@@ -110,9 +110,9 @@ def _summary(bench):
         return "## Head to head\n\nNot in this run: `data/bench.json` has no summary."
     rows = [[quantity, _sig(value)] for quantity, value in bench["summary"]]
     return ("## Head to head\n\nThe benchmark's summary: ratios of two timings taken in turn "
-            "(the median over the rounds), and ratios to the machine's own yardsticks. Each "
-            "ratio is its own pair's median, so two rows that share a side need not multiply "
-            "to a third row exactly.\n\n"
+            "(the median over the rounds), and ratios to the machine's own yardsticks. A ratio "
+            "of two timings taken in turn is the median of its own pair's rounds, so two rows "
+            "that share a side need not multiply to a third row exactly.\n\n"
             + _table(["quantity", "measured"], rows))
 
 
