@@ -124,8 +124,9 @@ _BACKENDS_OF = frozenset((family, backend) for family, _, backend in TABLE)
 
 # Numba: "quadratic" (blocks of the N x N kernel matrix, O(N^2 (F + M))) up to a length that
 # grows with D, then "chunked" (blocks of positions carrying a state, O(N F M)); the bound is
-# lower without the causal mask, whose N^2 products then skip no half. Why these bounds: the
-# two forms' times over N and D as measured, in docs/performance.md.
+# lower without the causal mask, whose N^2 products then skip no half. The bounds are the
+# crossover of the two forms as measured when they were set; the lab's benchmark does not
+# time "quadratic" now (docs/performance.md shows the rule's lengths for each D).
 # With a decay, a gate or no normaliser the running sums are Numba's only compiled form
 # (``numba_cpu.decay_loops``); "auto" takes them over NumPy's chunked form. The lab times both
 # (``python -m linattn.lab.bench``, its auto_rules; docs/performance.md).

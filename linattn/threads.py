@@ -17,7 +17,7 @@ pool. Three environment variables make idle threads sleep soon:
   before Python starts.
 
 The decision and its measurements are on the performance page (``docs/performance.md``);
-``python -m linattn.lab.bench.train_step`` measures a training step with and without them.
+``python -m linattn.lab.bench.train_step`` measures a training step with them.
 
 Use
 ---

@@ -361,7 +361,7 @@ def machine_caption(machine):
     """One line naming the machine of a benchmark's ``machine`` dict: CPU, cores, BLAS."""
     blas = machine.get("blas")
     if isinstance(blas, list) and blas:
-        blas = ", ".join(blas_label(b) for b in blas)
+        blas = " and ".join(blas_label(b) for b in blas)
     caption = (f"{machine.get('cpu')}, {machine.get('cores_available')} cores, BLAS {blas}, "
                f"numba {machine.get('numba')} on {machine.get('numba_threads')} threads")
     if machine.get("instruction_set"):    # benchmarks from before it was recorded lack it

@@ -11,7 +11,8 @@ THREADS_TEXT = """\
 A model alternates BLAS matrix products with Numba's parallel loops, and both keep a pool of
 threads. A thread that spins after its work holds a core the other pool needs, so the
 command-line entry points and the lab set three variables where the environment does not
-(`linattn.threads`; `import linattn` sets nothing; `python -m linattn.threads` prints them):
+(`linattn.threads`; `import linattn` sets nothing; `python -m linattn.threads` prints those
+the environment lacks):
 
 {settings}
 
@@ -21,10 +22,11 @@ command-line entry points and the lab set three variables where the environment 
   token do not each wake sleeping threads. A user who sets either OpenMP variable keeps both
   as they are.
 - `OPENBLAS_THREAD_TIMEOUT`: OpenBLAS's threads stop spinning soon after a product instead
-  of after its long default. OpenBLAS reads it when NumPy loads it, which is why the entry
-  points relaunch themselves once with the settings in their environment.
+  of after its long default. Each OpenBLAS (NumPy's, and SciPy's, which Numba's products
+  call) reads it once, when it loads, which is why the entry points relaunch themselves once
+  with the settings in their environment.
 
-The benchmarks' peers run with the environment as the user had it
+The benchmarks' peers run with the thread settings as the user had them
 (`linattn.threads.user_environment`). `python -m linattn.lab.bench.train_step` measures a
 training step with the settings (its table above, when the run has it)."""
 
@@ -68,33 +70,31 @@ def _auto(figures_dir, bench=None):
             _table(["", *(f"D = {d}" for d in widths)], body)]
     path = figures_dir / "data" / "bench_crossover.csv"
     if path.exists():
-        rows = read_csv(path)[0]
-        cells = [[r.get("case"), r.get("heads", "-"), r.get("width", "-"), r.get("n"),
-                  _sig(_ms(r.get("forward_best_s"))), _sig(_ms(r.get("forward_backward_best_s")))]
-                 for r in rows]
         text += ["", "The blocks against the paper's running sums as plain compiled loops "
-                 f"(`{path.name}`, the benchmark of {date}; best times, ms), the comparison "
-                 "that makes the blocks the "
-                 "default for long sequences:", "",
-                 _table(["case", "heads", "D = M", "N", "forward", "forward + backward"],
-                        cells, ["---", "---:", "---:", "---:", "---:", "---:"])]
+                 f"(`{path.name}`, the benchmark of {date}; best times, ms): why long "
+                 "sequences run in blocks rather than as the loops. The kernel matrix's "
+                 "lengths above are not timed here.", "", _timings(path, "D = M")]
     path = figures_dir / "data" / "bench_auto_rules.csv"
     if path.exists():
         rows = read_csv(path)[0]
-        cells = [[r.get("case"), r.get("heads"), r.get("width"), r.get("n"),
-                  _sig(_ms(r.get("forward_best_s"))), _sig(_ms(r.get("forward_backward_best_s")))]
-                 for r in rows]
         text += ["", "With a decay (0.99 here; a log gate and `normalize=False` take the same "
                  "forms), method \"auto\" on Numba runs the gated running sums "
                  "(`numba_cpu.decay_loops`, the only gated Numba kernel; the rule: "
                  "`dispatch.GATED`) rather than NumPy's chunked form; for the delta rule it runs "
                  "the compiled WY chunks rather than the compiled scan. The forms timed "
                  f"against each other, NumPy's chunks too (`{path.name}`, the benchmark of "
-                 f"{date}; batch 1, best times, ms):", "",
-                 _table(["case", "heads", "D", "N", "forward", "forward + backward"],
-                        cells, ["---", "---:", "---:", "---:", "---:", "---:"]),
+                 f"{date}; batch 1, best times, ms):", "", _timings(path, "D"),
                  "", _fastest(rows)]
     return "\n".join(text)
+
+
+def _timings(path, width):
+    """A benchmark CSV's best forward and forward + backward times (ms), a row per case."""
+    cells = [[r.get("case"), r.get("heads", "-"), r.get("width", "-"), r.get("n"),
+              _sig(_ms(r.get("forward_best_s"))), _sig(_ms(r.get("forward_backward_best_s")))]
+             for r in read_csv(path)[0]]
+    return _table(["case", "heads", width, "N", "forward", "forward + backward"], cells,
+                  ["---", "---:", "---:", "---:", "---:", "---:"])
 
 
 def _fastest(rows):
