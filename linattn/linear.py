@@ -56,8 +56,9 @@ def linear_attention(q, k, v, *, causal=False, feature_map="elu+1", eps=1e-6,
         "numba" when numba imports, else "numpy"; a method Numba lacks runs on NumPy.
     chunk_size : int or None
         Block length of ``method="chunked"`` (and of Numba's "auto"). None: each backend's
-        measured best at D = M = 64, 16 for Numba (10% ahead of 32, see
-        ``numba_cpu.chunked``) and 32 for NumPy (within 5% of 64).
+        measured best at D = M = 64: for Numba 16, or 32 where SciPy's OpenBLAS runs its
+        Haswell kernel or Zen's, whose products are Haswell's
+        (``numba_cpu.chunked.default_chunk_size``); 32 for NumPy (within 5% of 64).
     key_mask : ndarray of bool, shape broadcasting to (..., Nk), optional
         True for a real key, False for padding: a batch of sequences of different lengths in
         one call. A padded key adds nothing to any sum (numerator and normaliser): phi(k_j)

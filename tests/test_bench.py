@@ -35,7 +35,7 @@ def test_quick_bench_writes_results(tmp_path, capsys):
         assert min(r["ceiling_gflops"], r["forward_s"], r["forward_backward_s"],
                    r["step_s"], r["recurrence_step_s"], r["state_pass_s"]) > 0
         assert r["pft_step_s"] is None
-    threads = results["threads"]             # threadpoolctl is a dev extra: the yardstick ran
+    threads = results["threads"]             # threadpoolctl is a dependency: the yardstick ran
     assert all(threads[k] > 0 for k in ("all_s", "one_s", "blas_all_s", "blas_one_s"))
     from linattn.lab.bench.cases import AUTO_RULES       # the forms "auto" chooses between
     timed = {(r["case"], r["n"]) for r in results["auto_rules"]}

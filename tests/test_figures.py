@@ -202,3 +202,18 @@ def test_only_runs_the_steps_of_the_named_figures(monkeypatch, tmp_path, capsys)
     assert "[2/2] generation_speed" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         figures.main(["--only", "no_such_figure"])
+
+
+def test_growth_drops_the_constant_a_log_log_slope_keeps():
+    from linattn.lab.figures import growth, slope
+    n = np.array([1024.0, 2048.0, 4096.0])
+    scratch_and_output = 3e5 + 256 * n                    # a constant, then linear
+    assert growth(n, scratch_and_output) == pytest.approx(1.0, abs=1e-12)
+    assert slope(n, scratch_and_output) < 0.8             # the log-log fit bends below 1
+    assert growth(n, 7 + 5 * n ** 2) == pytest.approx(2.0, abs=1e-6)
+    rounded = np.array([round(2 ** (p / 2)) for p in range(20, 25)], dtype=float)
+    assert growth(rounded, 256 * rounded) == pytest.approx(1.0, abs=5e-3)
+    with pytest.raises(ValueError, match="evenly"):
+        growth([1, 2, 5], [1, 2, 3])
+    with pytest.raises(ValueError, match="three"):
+        growth([1, 2], [1, 2])

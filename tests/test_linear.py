@@ -199,9 +199,12 @@ def test_bad_options(keyword, value):
         linear_attention(q, k, v, **{keyword: value})
 
 
-@pytest.mark.parametrize("backend, best", [("numpy", 32), ("numba", 16)])
-def test_default_chunk_size_is_each_backends_own(backend, best):
-    # chunk_size=None hands no block length down: each kernel's measured default runs
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_default_chunk_size_is_each_backends_own(backend):
+    # chunk_size=None hands no block length down: each kernel's measured default runs (for
+    # Numba's, the one its BLAS kernel favours)
+    from linattn.numba_cpu import chunked
+    best = 32 if backend == "numpy" else chunked.default_chunk_size()
     q, k, v = random_qkv(21, 100, 64, 64)
     dout = np.random.default_rng(22).standard_normal(v.shape)
     kw = dict(causal=True, method="chunked", backend=backend)
@@ -210,3 +213,14 @@ def test_default_chunk_size_is_each_backends_own(backend, best):
                 *linear_attention_backward(dout, q, k, v, chunk_size=chunk_size, **kw)]
         got = [linear_attention(q, k, v, **kw), *linear_attention_backward(dout, q, k, v, **kw)]
         assert all(np.array_equal(g, w) for g, w in zip(got, want)) == same
+
+
+@pytest.mark.parametrize("large, want", [(False, 16), (True, 32)])
+def test_numbas_default_chunk_follows_the_blas_kernel(large, want, monkeypatch):
+    from linattn.numba_cpu import chunked
+    monkeypatch.setattr(chunked.blas_threads, "large_products", lambda: large)
+    assert chunked.default_chunk_size() == want
+    q, k, v = random_qkv(23, 70, 8, 8)
+    kw = dict(causal=True, method="chunked", backend="numba")
+    assert np.array_equal(linear_attention(q, k, v, **kw),
+                          linear_attention(q, k, v, chunk_size=want, **kw))

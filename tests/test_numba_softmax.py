@@ -2,6 +2,7 @@
 their tile loops, ``numba_cpu.flash_tiles``: agreement with a NumPy oracle for self- and
 cross-attention (Nq != Nk), gradients against central differences, tiles of every shape,
 NaN and large logits, empty sizes, the float32 exp, and memory."""
+import contextlib
 from unittest import mock
 
 import numba
@@ -260,14 +261,70 @@ def test_float32_tile_loops_do_no_double_arithmetic():
     assert float64_in_ir(flash_tiles.dlogits_t, St, St.copy(), row, 1.0, True, 0, 1)
 
 
-def test_tiles_stay_small_and_products_on_one_thread():
+@pytest.mark.parametrize("sizing", ["SMALL", "LARGE"])
+def test_tiles_stay_within_their_budgets(sizing):
+    budget = getattr(softmax, sizing)
     for nq, nk, d, m in [(4096, 4096, 64, 64), (1, 10**6, 64, 64), (10**5, 10**5, 1, 1),
                          (4096, 4096, 256, 256), (300, 300, 70, 3)]:
-        block_q, block_k = softmax.tiles(nq, nk, d, m)
-        assert block_q * block_k <= softmax.TILE_BUDGET
-        assert block_q * block_k * max(d, m) < softmax.SINGLE_THREAD_PRODUCT
+        block_q, block_k = softmax.tiles(nq, nk, d, m, budget)
+        assert block_q * block_k <= budget["tile"]
+        assert block_q * block_k * max(d, m) <= budget["product"]
         for block, n in ((block_q, nq), (block_k, nk)):    # whole vectors where it can
             assert block % softmax.ALIGN == 0 or block < softmax.ALIGN or block == n
+    # SMALL keeps every product on the calling thread without holding the BLAS; LARGE's
+    # exceed the threshold at the benchmark's shape, so that they must be held
+    assert max(d, m) * np.prod(softmax.tiles(nq, nk, d, m, softmax.SMALL)) < (
+        softmax.SINGLE_THREAD_PRODUCT)
+    assert softmax.tiles(4096, 4096, 64, 64, softmax.SMALL) == (80, 96)
+    assert softmax.tiles(4096, 4096, 64, 64, softmax.LARGE) == (256, 256)
+
+
+@pytest.mark.parametrize("large, held, want", [(False, True, "SMALL"), (True, True, "LARGE"),
+                                              (True, False, "SMALL")])
+def test_the_plan_follows_the_blas_kernel_and_the_hold(large, held, want, monkeypatch):
+    holds = []
+
+    @contextlib.contextmanager
+    def hold():
+        holds.append(1)
+        yield held
+
+    monkeypatch.setattr(softmax.blas_threads, "large_products", lambda: large)
+    monkeypatch.setattr(softmax.blas_threads, "one_thread", hold)
+    with softmax.planned_tiles(4096, 4096, 64, 64) as blocks:
+        assert blocks == softmax.tiles(4096, 4096, 64, 64, getattr(softmax, want))
+    assert len(holds) == int(large)
+    # LARGE tiles a short sequence clips under the threshold need no hold
+    with softmax.planned_tiles(40, 40, 64, 64) as blocks:
+        assert blocks == (40, 40)
+    assert len(holds) == int(large)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_large_tiles_hold_the_blas_and_agree(causal, monkeypatch):
+    # LARGE tiles on a shape that runs in parallel: the products go above OpenBLAS's
+    # threshold, so both kernels run inside a hold of the BLAS, and agree with the oracle
+    holds = []
+    hold = softmax.blas_threads.one_thread
+
+    def counted():
+        holds.append(1)
+        return hold()
+
+    monkeypatch.setattr(softmax.blas_threads, "large_products", lambda: True)
+    monkeypatch.setattr(softmax.blas_threads, "one_thread", counted)
+    q, k, v, dout = draw(5, (2, 2), 700, 700, 64, 40)
+    assert softmax._parallel(q, k, v, causal)
+    out = softmax.attend(q, k, v, causal=causal, scale=0.3)
+    grads = softmax.attend_backward(dout, q, k, v, causal=causal, scale=0.3)
+    assert len(holds) == 2
+    np.testing.assert_allclose(out, reference(q, k, v, causal, 0.3)[1], rtol=1e-10,
+                               atol=1e-12)
+    assert_matches(grads, reference_backward(dout, q, k, v, causal, 0.3))
+    # the check can fail: where the kernel does not favour them, no tile is held
+    monkeypatch.setattr(softmax.blas_threads, "large_products", lambda: False)
+    softmax.attend(q, k, v, causal=causal, scale=0.3)
+    assert len(holds) == 2
 
 
 def _forward_and_backward(attend, attend_backward, q, k, v, dout, causal):
@@ -279,9 +336,9 @@ def _forward_and_backward(attend, attend_backward, q, k, v, dout, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_memory_grows_with_n_not_n_squared(causal):
     # What this sees: every array NumPy allocates from Python (out, lse, D, the copies of dq,
-    # the gradients), which tracemalloc traces. What it cannot see: arrays the compiled
-    # kernels make with np.empty (Numba's own allocator); those are per-unit scratch whose
-    # size ``tiles`` bounds (``test_tiles_stay_small_and_products_on_one_thread``).
+    # the gradients) and the arrays the compiled kernels make with np.empty (Numba allocates
+    # through Python's allocator, which tracemalloc traces): per-unit scratch whose size
+    # ``tiles`` bounds (``test_tiles_stay_within_their_budgets``).
     q, k, v, dout = draw(11, (2,), 2048, 2048, 64, 64, np.float32)
     inputs = sum(x.nbytes for x in (q, k, v, dout))                     # 4 MiB
     _forward_and_backward(softmax.attend, softmax.attend_backward, q, k, v, dout, causal)

@@ -116,3 +116,17 @@ def test_fastest_form_is_read_from_the_rows():
     assert _fastest(rows) == ("Fastest forward + backward in that run: at N = 64, delta numpy "
                               "chunked; at N = 4096, delta numba chunked.")
     assert _fastest([]) == ""
+
+
+def test_kernel_sizes_are_recorded_and_said():
+    from linattn.lab.bench.timing import kernel_sizes
+    sizes = kernel_sizes()
+    assert sizes["d"] == 64 and sizes["chunk_size"] in (16, 32)
+    said = performance_page._sizes({"kernel_sizes": sizes})
+    assert f"{sizes['softmax_tiles'][0]} queries by {sizes['softmax_tiles'][1]} keys" in said
+    held = {**sizes, "blas_kernel": "haswell", "softmax_tiles": [256, 256], "blas_held": True,
+            "chunk_size": 32}
+    assert performance_page._sizes({"kernel_sizes": held}) == (
+        "with OpenBLAS's haswell kernel, softmax tiles of 256 queries by 256 keys, the BLAS "
+        "held to one thread, causal linear blocks of 32 positions (D = M = 64)")
+    assert performance_page._sizes({}) == "not recorded"

@@ -108,6 +108,21 @@ def slope_fit(xs, ys):
     return fitted, float(xs[keep].min()), float(xs[keep].max())
 
 
+def growth(xs, ys):
+    """The exponent s of ys = c + a xs^s from the three largest xs, which must be evenly
+    spaced on a log axis: log((y3 - y2) / (y2 - y1)) / log(x3 / x2). The constant c (a
+    kernel's scratch, which does not grow) drops out of the increments, where it flattens a
+    log-log slope at small xs. Exact for counts without noise, such as tracemalloc's bytes."""
+    xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    order = np.argsort(xs)[-3:]
+    if len(order) < 3:
+        raise ValueError(f"growth needs three xs, got {len(order)}")
+    (x1, x2, x3), (y1, y2, y3) = xs[order], ys[order]
+    if not np.isclose(x3 / x2, x2 / x1, rtol=1e-3):      # rounded sizes: 2896 for 2^11.5
+        raise ValueError(f"growth needs three evenly spaced (log) xs, got {xs[order]}")
+    return float(np.log((y3 - y2) / (y2 - y1)) / np.log(x3 / x2))
+
+
 def fitted_slope(rows, name, key, x="n"):
     """The slope the legend prints for curve ``name`` of column ``key`` against ``x``: log-log,
     over the larger half of x (repeats at one x: their median). None with < 2 points."""

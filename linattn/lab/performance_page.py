@@ -133,8 +133,25 @@ def _modes(bench, avx2):
             f"the AVX2 instruction set ({labels[1]}; peers: {avx2.get('peers_note')}; "
             f"{avx2['machine'].get('date')}). The AVX2 run is at N = "
             f"{avx2['config'].get('compare_n')} only, without the crossover; the rows are the "
-            f"quantities both runs measured.\n\n"
+            f"quantities both runs measured. The Numba kernels size their products by SciPy's "
+            f"BLAS kernel (`linattn/numba_cpu/blas_threads.py`); each run's sizes, as it "
+            f"recorded them: native: {_sizes(bench['machine'])}; AVX2 mode: "
+            f"{_sizes(avx2['machine'])}.\n\n"
             + _table(["quantity", "native", "AVX2 mode"], rows))
+
+
+def _sizes(machine):
+    """The kernel sizes a run recorded (``bench.timing.kernel_sizes``), in words."""
+    sizes = machine.get("kernel_sizes")
+    if not sizes:
+        return "not recorded"
+    block_q, block_k = sizes["softmax_tiles"]
+    held = ", the BLAS held to one thread" if sizes["blas_held"] else ""
+    kernel = (f"OpenBLAS's {sizes['blas_kernel']} kernel" if sizes["blas_kernel"]
+              else "a BLAS other than one OpenBLAS")
+    return (f"with {kernel}, softmax tiles of "
+            f"{block_q} queries by {block_k} keys{held}, causal linear blocks of "
+            f"{sizes['chunk_size']} positions (D = M = {sizes['d']})")
 
 
 def _by_n(rows, key, scale, unit):

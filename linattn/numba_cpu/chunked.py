@@ -43,6 +43,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from . import blas_threads
 from .blas import gemm
 from .block_ops import accumulate, chain_elu, dot, load, masked
 from .padding import NONE, drop_padded, start_rows, state_of, zero_padded
@@ -55,8 +56,14 @@ SUPPORTS = frozenset({"non_causal", "key_mask", "initial_state", "return_state"}
 
 FORWARD, DQ, DKV = 0, 1, 2       # the sweeps: attention; dphi_q; dphi_k and dv (reversed)
 # C: the fastest of the sizes tried at the benchmark's shape (D = M = 64, 8 heads), forward
-# + backward; the time is flat near it (docs/performance.md has the benchmark's machine)
+# + backward; the time is flat near it (docs/performance.md has the benchmark's machine).
+# With OpenBLAS's Haswell kernel its small products cost more per call: 32 was 10% faster
+# there (forward and backward, causal, N = 4096, 2 threads) and 2-5% slower with the SkylakeX
+# kernel, on a Xeon whose OpenBLAS ran either kernel. ``default_chunk_size`` takes 32 with
+# the kernels of ``blas_threads.LARGE_PRODUCT_KERNELS`` (Haswell's and Zen's); the products
+# of blocks of 32 stay under the threading threshold, so nothing is held.
 DEFAULT_CHUNK_SIZE = 16
+LARGE_PRODUCT_CHUNK_SIZE = 32
 # OpenBLAS (SciPy's, which Numba calls) gives a matrix product of m n k multiply-adds
 # floor(m n k / 2^18) threads: below 2^19 it runs on the calling thread; above, its own
 # threads fight the Numba threads calling it (larger blocks ran several times slower).
@@ -299,9 +306,16 @@ def sweep(stage, causal, x_q, x_k, v, dout, eps, elu, out, norms, dq, dk, dv, bl
             final[r, :, m] = z
 
 
+def default_chunk_size():
+    """C when the caller gives none: LARGE_PRODUCT_CHUNK_SIZE where SciPy's BLAS kernel
+    favours larger products (``blas_threads.large_products``), else DEFAULT_CHUNK_SIZE."""
+    return LARGE_PRODUCT_CHUNK_SIZE if blas_threads.large_products() else DEFAULT_CHUNK_SIZE
+
+
 def _sweeps(x_q, x_k, v, chunk_size):
     """(rows of x_q, x_k, v, block length): what every sweep shares."""
     q, k, v_rows = as_rows(x_q), as_rows(x_k), as_rows(v)
+    chunk_size = chunk_size or default_chunk_size()
     return q, k, v_rows, block_length(chunk_size, q.shape[-1], v_rows.shape[-1])
 
 
@@ -315,11 +329,12 @@ def _bounds(x, block, causal):
     return segments(x.shape[0], -(-x.shape[1] // block), causal)
 
 
-def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=DEFAULT_CHUNK_SIZE,
+def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=None,
            elu=False, key_mask=None, initial_state=None, return_state=False):
     """Normalised linear attention, Eq. (5) / (9)-(12), by blocked matrix products.
     Shapes (..., Nq, F), (..., Nk, F), (..., Nk, M) -> (..., Nq, M); raw q, k with ``elu``.
-    Options as in ``linear_attention``; with ``return_state``, ``(out, State)``.
+    Options as in ``linear_attention`` (``chunk_size`` None: ``default_chunk_size()``); with
+    ``return_state``, ``(out, State)``.
 
     Cost: O(N (F M + C (F + M))) time, O(N M) memory: the output, nothing more.
     """
@@ -335,7 +350,7 @@ def attend(phi_q, phi_k, v, *, causal, eps, chunk_size=DEFAULT_CHUNK_SIZE,
 
 
 def attend_backward(dout, phi_q, phi_k, v, *, causal, eps,
-                    chunk_size=DEFAULT_CHUNK_SIZE, elu=False, key_mask=None,
+                    chunk_size=None, elu=False, key_mask=None,
                     initial_state=None, dstate=None):
     """Backward of ``attend``: (dphi_q, dphi_k, dv), or (dq, dk, dv) with ``elu``, by two
     sweeps (Eq. 13-15 and the normaliser's gradient; see the module), then State(dS0, dz0)

@@ -29,6 +29,8 @@ threads: no copy), else ``threads / gcd(rows, threads)`` (1 head on 2 threads: 2
 Chosen over a second pass for dq by query blocks, which would recompute P and dP (two more
 products of the five per tile, and the exps) to save those copies.
 Small work (``PARALLEL_WORK``) runs the same units on the calling thread.
+Tile sizes: SMALL or LARGE, by the kernel of SciPy's BLAS, SMALL where LARGE's hold of the BLAS
+does not take (``planned_tiles``).
 Key padding: a padded key's k and v are set to 0 first (padding may hold NaN), and its logits
 to -inf in every tile (``flash_tiles.scale_and_max_keys``), its probabilities and their
 gradients to exactly 0 (``flash_tiles.zero_keys``). A query with every key padded gets out 0
@@ -41,12 +43,14 @@ scaled_dot_product_attention the benchmark's head-to-head rounds measure it
 tile; without them it reruns the forward first (two more).
 Oracle: ``linattn.forms.softmax`` (NumPy). Same signatures: already validated arrays.
 """
+import contextlib
 import math
 
 import numba
 import numpy as np
 from numba import njit, prange
 
+from . import blas_threads
 from . import flash_tiles as tile
 from .blas import gemm
 from .chunked import SINGLE_THREAD_PRODUCT
@@ -55,16 +59,22 @@ from ..forms.padding import drop_padded
 
 SUPPORTS = frozenset({"non_causal", "key_mask", "lse"})  # options taken by keyword (dispatch)
 
-# Queries per block B and keys per block C: each product (B C max(D, M) multiply-adds)
-# stays under OpenBLAS's threading threshold (``chunked.SINGLE_THREAD_PRODUCT``), and the
-# tile (C, B) within TILE_BUDGET, in L1-L2; both multiples of ALIGN where they can be. The
-# largest products under the threshold beat B = C = 64 (a product of 2^18) at D = M = 64
-# forward and forward + backward with OpenBLAS's Haswell kernel, matched it with its
-# SkylakeX kernel, and beat it with both at D = M = 128 (8 heads, N = 4096, 2 threads): the
-# smaller products lose more to each call's overhead where the vectors are narrower.
-QUERY_BLOCK = 96
-PRODUCT_BUDGET = SINGLE_THREAD_PRODUCT - 1
-TILE_BUDGET = 2 ** 14
+# Queries per block B and keys per block C, two sizings, chosen by SciPy's BLAS kernel
+# (``blas_threads.large_products``):
+# - SMALL: each product (B C max(D, M) multiply-adds) stays under OpenBLAS's threading
+#   threshold (``chunked.SINGLE_THREAD_PRODUCT``), and the tile (C, B) within 2^14 elements,
+#   in L1-L2. With OpenBLAS's SkylakeX (AVX-512) kernel the largest products under the
+#   threshold beat B = C = 64 (a product of 2^18) at D = M = 128 and matched it at 64, and
+#   beat tiles of 128 x 128 up to 256 x 256 held to one thread (8 heads, N = 4096, 2 threads).
+# - LARGE: each product up to 2^22 multiply-adds and the tile within 2^16 elements (256 x 256
+#   at D = M = 64), the BLAS held to one thread (``blas_threads.one_thread``) where a product
+#   reaches the threshold; SMALL where that hold does not take (``planned_tiles``). With
+#   OpenBLAS's Haswell (AVX2) kernel they beat SMALL forward and forward + backward, causal
+#   and not (D = M = 64, 8 heads, N = 4096, 2 threads): that kernel's small products cost
+#   more in calls than the larger tiles lose to the cache.
+# Both multiples of ALIGN where they can be.
+SMALL = {"query_block": 96, "product": SINGLE_THREAD_PRODUCT - 1, "tile": 2 ** 14}
+LARGE = {"query_block": 256, "product": 2 ** 22, "tile": 2 ** 16}
 ALIGN = 16
 # Less work than this, R Nq Nk (D + M) multiply-adds, runs on the calling thread. At 2^22
 # (one generation step, Nq = 1, of 8 heads against 4096 keys, D = M = 64) two threads
@@ -73,15 +83,32 @@ ALIGN = 16
 PARALLEL_WORK = 2 ** 23
 
 
-def tiles(n_queries, n_keys, d, m):
-    """(B, C): queries and keys per tile; (80, 96) at D = M = 64, (32, 48) at D = M = 256.
-    Few queries (generation: Nq = 1) get long key blocks, so a step against a cache of 4096
-    keys is one product."""
+def tiles(n_queries, n_keys, d, m, sizing=SMALL):
+    """(B, C): queries and keys per tile. SMALL: (80, 96) at D = M = 64, (32, 48) at
+    D = M = 256; LARGE: (256, 256) and (128, 128). Few queries (generation: Nq = 1) get long
+    key blocks: at D = M = 64 a step against a cache of 4096 keys is one product."""
     wide = max(d, m, 1)
-    block_q = min(QUERY_BLOCK, _aligned(math.isqrt(PRODUCT_BUDGET // wide)))
+    block_q = min(sizing["query_block"], _aligned(math.isqrt(sizing["product"] // wide)))
     block_q = max(1, min(block_q, n_queries))
-    block_k = _aligned(min(PRODUCT_BUDGET // (block_q * wide), TILE_BUDGET // block_q))
+    block_k = _aligned(min(sizing["product"] // (block_q * wide), sizing["tile"] // block_q))
     return block_q, max(1, min(n_keys, block_k))
+
+
+@contextlib.contextmanager
+def planned_tiles(n_queries, n_keys, d, m):
+    """Yields the (B, C) the kernels run with inside the block: LARGE where SciPy's BLAS
+    kernel favours it (``blas_threads.large_products``), with the BLAS held to one thread
+    for the block where a product reaches OpenBLAS's threading threshold; SMALL otherwise,
+    and where the hold does not take."""
+    if not blas_threads.large_products():
+        yield tiles(n_queries, n_keys, d, m, SMALL)
+        return
+    block_q, block_k = tiles(n_queries, n_keys, d, m, LARGE)
+    if block_q * block_k * max(d, m) < SINGLE_THREAD_PRODUCT:
+        yield block_q, block_k
+        return
+    with blas_threads.one_thread() as held:
+        yield (block_q, block_k) if held else tiles(n_queries, n_keys, d, m, SMALL)
 
 
 def _aligned(n):
@@ -129,8 +156,9 @@ def attend(q, k, v, *, causal, scale, key_mask=None, return_lse=False):
     lse = np.empty(out.shape[:-1], dtype=v.dtype)                        # (R, Nq)
     none = np.empty((0, 0, 0), dtype=v.dtype)
     forward = _forward if _parallel(q, k, v, causal) else _forward_serial
-    forward(q_rows, k_rows, v_rows, none, real, causal, v.dtype.type(scale),
-            *tiles(q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]), out, lse, lse[:0])
+    with planned_tiles(q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]) as blocks:
+        forward(q_rows, k_rows, v_rows, none, real, causal, v.dtype.type(scale), *blocks, out,
+                lse, lse[:0])
     out = out.reshape((*q.shape[:-1], v.shape[-1]))
     return (out, lse.reshape(q.shape[:-1])) if return_lse else out
 
@@ -147,24 +175,25 @@ def attend_backward(dout, q, k, v, *, causal, scale, key_mask=None, out=None, ls
     q_rows, k_rows, v_rows, dout_rows = (as_rows(x) for x in (q, k, v, dout))
     real = _real_keys(q_rows, k, key_mask)
     scale = v.dtype.type(scale)
-    block_q, block_k = tiles(q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1])
     delta = np.empty(dout_rows.shape[:-1], dtype=v.dtype)               # (R, Nq)
     parallel = _parallel(q, k, v, causal)
     forward, backward = (_forward, _backward) if parallel else (_forward_serial,
                                                                 _backward_serial)
-    if lse is None:
-        out_rows, lse_rows = np.empty_like(dout_rows), np.empty_like(delta)
-        forward(q_rows, k_rows, v_rows, dout_rows, real, causal, scale, block_q, block_k,
-                out_rows, lse_rows, delta)
-    else:
-        lse_rows = np.ascontiguousarray(lse.reshape(delta.shape))
-        (_row_dots if parallel else _row_dots_serial)(dout_rows, as_rows(out), delta)
     threads = numba.get_num_threads() if parallel else 1
     n_segments = threads // math.gcd(max(1, q_rows.shape[0]), threads)
     dq_parts = np.zeros((n_segments, *q_rows.shape), dtype=v.dtype)      # (S, R, Nq, D)
     dk, dv = np.zeros_like(k_rows), np.zeros_like(v_rows)
-    backward(q_rows, k_rows, v_rows, dout_rows, real, lse_rows, delta, causal, scale,
-             block_q, block_k, dq_parts, dk, dv)
+    with planned_tiles(q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]) as blocks:
+        block_q, block_k = blocks
+        if lse is None:
+            out_rows, lse_rows = np.empty_like(dout_rows), np.empty_like(delta)
+            forward(q_rows, k_rows, v_rows, dout_rows, real, causal, scale, block_q, block_k,
+                    out_rows, lse_rows, delta)
+        else:
+            lse_rows = np.ascontiguousarray(lse.reshape(delta.shape))
+            (_row_dots if parallel else _row_dots_serial)(dout_rows, as_rows(out), delta)
+        backward(q_rows, k_rows, v_rows, dout_rows, real, lse_rows, delta, causal, scale,
+                 block_q, block_k, dq_parts, dk, dv)
     dq = dq_parts[0] if n_segments == 1 else dq_parts.sum(axis=0)
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 

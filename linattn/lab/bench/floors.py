@@ -1,9 +1,10 @@
 """Floors: what a kernel's time could fall to if only its matrix products cost anything.
 
 ``softmax_products`` makes the matrix products of the tiled softmax forward
-(``linattn.numba_cpu.softmax``) and nothing else: the same tiles (``softmax.tiles``), the same
-BLAS calls on operands of the same shapes and layouts, the same units of work in parallel,
-without the element work between the products (scaling, the running maxima, the exps and
+(``linattn.numba_cpu.softmax``) and nothing else: the same tiles, with the BLAS held to one
+thread where the forward holds it (``softmax.planned_tiles``), the same BLAS calls on operands
+of the same shapes and layouts, the same units of work in parallel, without the element work
+between the products (scaling, the running maxima, the exps and
 the rescaling of the output). Its time against the whole forward's says how much of the
 forward is products, and against a peer's forward, how close these products alone come.
 """
@@ -11,7 +12,7 @@ import numpy as np
 from numba import njit, prange
 
 from ...numba_cpu.blas import gemm
-from ...numba_cpu.softmax import tiles
+from ...numba_cpu.softmax import planned_tiles
 from ..._checks import rows as as_rows
 
 
@@ -22,8 +23,8 @@ def softmax_products(q, k, v, causal):
     values mean nothing."""
     q_rows, k_rows, v_rows = as_rows(q), as_rows(k), as_rows(v)
     out = np.zeros((*q_rows.shape[:-1], v.shape[-1]), dtype=v.dtype)
-    block_q, block_k = tiles(q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1])
-    _products(q_rows, k_rows, v_rows, causal, block_q, block_k, out)
+    with planned_tiles(q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]) as blocks:
+        _products(q_rows, k_rows, v_rows, causal, *blocks, out)
     return out.reshape((*q.shape[:-1], v.shape[-1]))
 
 

@@ -219,9 +219,24 @@ def machine():
                                                     "OPENBLAS_NUM_THREADS")
                          if k in os.environ},
         "instruction_set": isa.describe(),
+        "kernel_sizes": kernel_sizes(),
         "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
     }
+
+
+def kernel_sizes(d=64):
+    """The sizes the Numba kernels take from SciPy's BLAS kernel, at N = 4096, D = M = ``d``,
+    on this thread: the softmax tiles (B, C) as ``softmax.planned_tiles`` yields them,
+    whether it held the BLAS to one thread for them, and the causal linear kernel's block
+    length (``numba_cpu.blas_threads``)."""
+    from ...numba_cpu import blas_threads, chunked, softmax
+
+    with softmax.planned_tiles(4096, 4096, d, d) as tiles:
+        held = tiles[0] * tiles[1] * d >= chunked.SINGLE_THREAD_PRODUCT  # only held ones do
+    return {"blas_kernel": blas_threads.kernel(), "d": d, "softmax_tiles": list(tiles),
+            "blas_held": held,
+            "chunk_size": chunked.block_length(chunked.default_chunk_size(), d, d)}
 
 
 def _threading_layer(numba):
