@@ -110,9 +110,11 @@ def slope_fit(xs, ys):
 
 def growth(xs, ys):
     """The exponent s of ys = c + a xs^s from the three largest xs, which must be evenly
-    spaced on a log axis: log((y3 - y2) / (y2 - y1)) / log(x3 / x2). The constant c (a
-    kernel's scratch, which does not grow) drops out of the increments, where it flattens a
-    log-log slope at small xs. Exact for counts without noise, such as tracemalloc's bytes."""
+    spaced on a log axis (to 0.1%): log((y3 - y2) / (y2 - y1)) / log(x3 / x2). The constant
+    c (a kernel's scratch, which does not grow with N while the number of threads holding
+    some is fixed) cancels in the differences, where it flattens a log-log slope at small
+    xs. Exact for an exact c + a xs^s at exactly even spacing; other terms (N's beside N^2's)
+    and rounded sizes move it a little (s of N^2 + N comes out just under 2)."""
     xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
     order = np.argsort(xs)[-3:]
     if len(order) < 3:

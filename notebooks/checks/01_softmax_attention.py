@@ -4,7 +4,7 @@ exercise is not attempted yet while the answer raises NotImplementedError."""
 import numpy as np
 
 import linattn
-from linattn.lab.bench.timing import peak_bytes
+from linattn.lab.bench.timing import one_thread, peak_bytes
 from linattn.lab.figures import growth
 
 from ._exercises import assert_below_n_by_n, report
@@ -16,8 +16,9 @@ _SLOPES = {"numpy": {"time": 2.0, "memory": 2.0}, "numba": {"time": 2.0, "memory
 _WHY = {("numpy", "time"): "the NumPy backend computes all N^2 logits and then masks them: "
                            "the same work as without the mask",
         ("numba", "time"): "the compiled loops skip the pairs j > i: about N^2 / 2 pairs, half "
-                           "the multiply-adds once N is well above one tile (80 to 256 queries), a constant "
-                           "factor that leaves the log-log slope at 2",
+                           "the multiply-adds once N is well above one tile (80 queries, 256 "
+                           "with the larger tiles), a constant factor that leaves the log-log "
+                           "slope at 2",
         ("numpy", "memory"): "the NumPy backend builds the full N x N logits and masks them "
                              "with -inf; nothing is saved",
         ("numba", "memory"): "the Numba kernel holds a few tiles of logits at a time, "
@@ -28,19 +29,26 @@ _WHY = {("numpy", "time"): "the NumPy backend computes all N^2 logits and then m
 def causal_memory_slopes(ns=(1024, 2048, 4096), d=64):
     """Measured growth of the peak memory of causal softmax attention against N,
     {backend: s} for a peak c + a N^s (``linattn.lab.figures.growth``: the part that does
-    not grow, such as the kernel's scratch tiles, drops out), float32, D = M = d;
-    tracemalloc counts bytes exactly, so no noise."""
+    not grow, such as the kernel's scratch tiles, drops out), float32, D = M = d. On one
+    thread: with several, the peak holds as many scratch sets as units happen to run at once,
+    which varies from call to call; on one, tracemalloc's counts repeat exactly."""
     rng = np.random.default_rng(0)
     slopes = {}
-    for backend in ("numpy", "numba"):
-        peaks = []
-        for n in ns:
-            q, k, v = rng.standard_normal((3, n, d)).astype(np.float32)
-            call = lambda: linattn.softmax_attention(q, k, v, causal=True, backend=backend)
-            call()                                     # the first call may compile: not counted
-            peaks.append(peak_bytes(call))
-        slopes[backend] = growth(ns, peaks)
+    with one_thread():
+        for backend in ("numpy", "numba"):
+            slopes[backend] = _growth(rng, backend, ns, d)
     return slopes
+
+
+def _growth(rng, backend, ns, d):
+    """The growth exponent of one backend's peak over ``ns``."""
+    peaks = []
+    for n in ns:
+        q, k, v = rng.standard_normal((3, n, d)).astype(np.float32)
+        call = lambda: linattn.softmax_attention(q, k, v, causal=True, backend=backend)
+        call()                                         # the first call may compile: not counted
+        peaks.append(peak_bytes(call))
+    return growth(ns, peaks)
 
 
 def _check_1(predicted_slopes):

@@ -117,7 +117,9 @@ def settle(seconds):
 
 
 def peak_bytes(f):
-    """Peak bytes of NumPy memory held during ``f()`` beyond what was held before it."""
+    """Peak bytes that tracemalloc traces during ``f()`` beyond what was held before it:
+    NumPy's arrays and those Numba's compiled code allocates (both go through Python's
+    allocator)."""
     tracemalloc.start()
     try:
         before, _ = tracemalloc.get_traced_memory()
