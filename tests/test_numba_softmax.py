@@ -290,7 +290,7 @@ def test_the_plan_follows_the_blas_kernel_and_the_hold(large, held, want, monkey
         yield held
 
     monkeypatch.setattr(softmax.blas_threads, "large_products", lambda: large)
-    monkeypatch.setattr(softmax.blas_threads, "one_thread", hold)
+    monkeypatch.setattr(softmax.blas_threads, "hold", hold)
     with softmax.planned_tiles(4096, 4096, 64, 64) as blocks:
         assert blocks == softmax.tiles(4096, 4096, 64, 64, getattr(softmax, want))
     assert len(holds) == int(large)
@@ -303,21 +303,24 @@ def test_the_plan_follows_the_blas_kernel_and_the_hold(large, held, want, monkey
 @pytest.mark.parametrize("causal", [False, True])
 def test_large_tiles_hold_the_blas_and_agree(causal, monkeypatch):
     # LARGE tiles on a shape that runs in parallel: the products go above OpenBLAS's
-    # threshold, so both kernels run inside a hold of the BLAS, and agree with the oracle
+    # threshold, so both kernels run inside a hold of the BLAS (one that took wherever a
+    # BLAS was found), and agree with the oracle
     holds = []
-    hold = softmax.blas_threads.one_thread
+    hold = softmax.blas_threads.hold
 
+    @contextlib.contextmanager
     def counted():
-        holds.append(1)
-        return hold()
+        with hold() as took:
+            holds.append(softmax.blas_threads.holding())
+            yield took
 
     monkeypatch.setattr(softmax.blas_threads, "large_products", lambda: True)
-    monkeypatch.setattr(softmax.blas_threads, "one_thread", counted)
+    monkeypatch.setattr(softmax.blas_threads, "hold", counted)
     q, k, v, dout = draw(5, (2, 2), 700, 700, 64, 40)
     assert softmax._parallel(q, k, v, causal)
     out = softmax.attend(q, k, v, causal=causal, scale=0.3)
     grads = softmax.attend_backward(dout, q, k, v, causal=causal, scale=0.3)
-    assert len(holds) == 2
+    assert holds == [bool(softmax.blas_threads._controllers())] * 2
     np.testing.assert_allclose(out, reference(q, k, v, causal, 0.3)[1], rtol=1e-10,
                                atol=1e-12)
     assert_matches(grads, reference_backward(dout, q, k, v, causal, 0.3))

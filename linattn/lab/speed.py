@@ -84,20 +84,19 @@ def estimate_seconds(token_seconds, n, growth, probe_limit=PROBE_LIMIT, points=6
 @contextlib.contextmanager
 def thread_limit(n):
     """NumPy's BLAS and Numba on ``n`` threads, restored afterwards; yields a line naming
-    what was set (the BLAS is left alone without threadpoolctl, and the line says so)."""
+    what was set."""
     import numba
 
     from .bench.timing import blas_limiter
     before = numba.get_num_threads()
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     limit = blas_limiter()
-    if limit is not None:
-        limit(n)
-    blas = f"BLAS {n}" if limit else "BLAS as it was (no threadpoolctl)"
+    limit(n)
     try:
-        yield f"linattn: {blas}, numba {numba.get_num_threads()} threads"
+        yield f"linattn: BLAS {n}, numba {numba.get_num_threads()} threads"
     finally:
         numba.set_num_threads(before)
+        limit(None)
         if limit is not None:
             limit(None)
 

@@ -5,7 +5,7 @@ OpenBLAS runs a product of m n k multiply-adds on the calling thread below 2^19
 (``chunked.SINGLE_THREAD_PRODUCT``), and on floor(m n k / 2^18) threads from there. Called
 from Numba's threads, a product at or above that threshold wakes OpenBLAS's threads too, and
 they fight Numba's: the tiled softmax ran several times slower with such products. So the
-kernels keep each product under the threshold, unless ``one_thread()`` holds the BLAS to one
+kernels keep each product under the threshold, unless ``hold()`` holds the BLAS to one
 thread while they run.
 
 Whether larger products pay depends on OpenBLAS's kernel. The tiled softmax forward and
@@ -16,7 +16,7 @@ kernel (AVX-512), on a 2-core AVX-512 Xeon whose OpenBLAS ran either kernel. Com
 Numba's loops for Haswell instead did not change which was faster; the BLAS kernel did.
 ``large_products()`` says which applies.
 
-``one_thread()`` changes state the whole process shares: while it holds, a product that
+``hold()`` changes state the whole process shares: while it holds, a product that
 another Python thread makes through SciPy's BLAS runs on one thread too. A hold is a lock:
 holds nest within a thread, and a hold from another thread waits for the first to end (each
 kernel uses every core anyway), so that the thread that set one thread restores what it
@@ -41,6 +41,7 @@ LARGE_PRODUCT_KERNELS = frozenset({"haswell", "zen"})
 _lock = threading.RLock()
 _holds = 0
 _saved = []           # (controller, its number of threads) while a hold is in place
+_took = False         # whether the hold in place set every BLAS found to one thread
 
 
 @functools.lru_cache(maxsize=1)
@@ -71,29 +72,36 @@ def kernel():
 
 def large_products():
     """Whether a parallel kernel should make products above OpenBLAS's threading threshold
-    (held to one thread by ``one_thread``): True for the kernels in
+    (held to one thread by ``hold``): True for the kernels in
     ``LARGE_PRODUCT_KERNELS``."""
     return kernel() in LARGE_PRODUCT_KERNELS
 
 
 @contextlib.contextmanager
-def one_thread():
+def hold():
     """Within the block, SciPy's BLAS runs each product on the thread that calls it; after,
     its number of threads is what it was (see the module's note on shared state). Yields
-    whether it holds: False where no BLAS was found, or where the BLAS kept its threads."""
-    global _holds
+    whether it holds: False where no BLAS was found, or where the BLAS kept its threads.
+    (Not ``lab.bench.timing.one_thread``, which pins NumPy's BLAS and Numba for a timing.)"""
+    global _holds, _took
     with _lock:                  # a hold from another thread waits for this one to end
         if _holds == 0:
             _saved[:] = [(c, c.get_num_threads()) for c in _controllers()]
             for c, _ in _saved:
                 c.set_num_threads(1)
-        held = bool(_saved) and all(c.get_num_threads() == 1 for c, _ in _saved)
+            _took = bool(_saved) and all(c.get_num_threads() == 1 for c, _ in _saved)
         _holds += 1
         try:
-            yield held
+            yield _took
         finally:
             _holds -= 1
             if _holds == 0:
                 for c, threads in _saved:
                     c.set_num_threads(threads)
                 _saved.clear()
+                _took = False
+
+
+def holding():
+    """Whether a hold that took is in place (in this process, from any thread)."""
+    return _holds > 0 and _took

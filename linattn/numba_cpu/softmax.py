@@ -67,7 +67,7 @@ SUPPORTS = frozenset({"non_causal", "key_mask", "lse"})  # options taken by keyw
 #   threshold beat B = C = 64 (a product of 2^18) at D = M = 128 and matched it at 64, and
 #   beat tiles of 128 x 128 up to 256 x 256 held to one thread (8 heads, N = 4096, 2 threads).
 # - LARGE: each product up to 2^22 multiply-adds and the tile within 2^16 elements (256 x 256
-#   at D = M = 64), the BLAS held to one thread (``blas_threads.one_thread``) where a product
+#   at D = M = 64), the BLAS held to one thread (``blas_threads.hold``) where a product
 #   reaches the threshold; SMALL where that hold does not take (``planned_tiles``). With
 #   OpenBLAS's Haswell (AVX2) kernel they beat SMALL forward and forward + backward, causal
 #   and not (D = M = 64, 8 heads, N = 4096, 2 threads): that kernel's small products cost
@@ -94,21 +94,25 @@ def tiles(n_queries, n_keys, d, m, sizing=SMALL):
     return block_q, max(1, min(n_keys, block_k))
 
 
-@contextlib.contextmanager
 def planned_tiles(n_queries, n_keys, d, m):
-    """Yields the (B, C) the kernels run with inside the block: LARGE where SciPy's BLAS
-    kernel favours it (``blas_threads.large_products``), with the BLAS held to one thread
-    for the block where a product reaches OpenBLAS's threading threshold; SMALL otherwise,
-    and where the hold does not take."""
+    """A context that yields the (B, C) the kernels run with inside it: LARGE where SciPy's
+    BLAS kernel favours it (``blas_threads.large_products``), with the BLAS held to one
+    thread for the block where a product reaches OpenBLAS's threading threshold; SMALL
+    otherwise, and where the hold does not take. Without a hold it is a plain
+    ``contextlib.nullcontext`` (a call's few microseconds matter to generation's steps)."""
     if not blas_threads.large_products():
-        yield tiles(n_queries, n_keys, d, m, SMALL)
-        return
-    block_q, block_k = tiles(n_queries, n_keys, d, m, LARGE)
-    if block_q * block_k * max(d, m) < SINGLE_THREAD_PRODUCT:
-        yield block_q, block_k
-        return
-    with blas_threads.one_thread() as held:
-        yield (block_q, block_k) if held else tiles(n_queries, n_keys, d, m, SMALL)
+        return contextlib.nullcontext(tiles(n_queries, n_keys, d, m, SMALL))
+    large = tiles(n_queries, n_keys, d, m, LARGE)
+    if large[0] * large[1] * max(d, m) < SINGLE_THREAD_PRODUCT:
+        return contextlib.nullcontext(large)
+    return _held(large, tiles(n_queries, n_keys, d, m, SMALL))
+
+
+@contextlib.contextmanager
+def _held(large, small):
+    """``large`` inside a hold of the BLAS that took, else ``small``."""
+    with blas_threads.hold() as took:
+        yield large if took else small
 
 
 def _aligned(n):

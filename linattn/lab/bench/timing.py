@@ -8,12 +8,13 @@
   times, which other processes on a shared machine disturb least.
 - ``interleaved``: best times of several calls taken in turn, for ratios that a shared
   machine's load would otherwise tilt; ``blas_limiter`` sets NumPy's BLAS threads for it.
-- ``peak_bytes``: the largest amount of NumPy memory a call holds beyond what existed
-  before it (``tracemalloc`` sees every NumPy array, including those the kernels write
-  into; the few small buffers Numba allocates inside a compiled loop are not counted).
+- ``peak_bytes``: the largest amount of memory a call holds beyond what existed before it
+  (``tracemalloc`` sees every NumPy array, including those the kernels write into, and the
+  buffers Numba allocates inside a compiled loop, which go through Python's allocator too).
 - ``peak_rss_bytes``: the peak growth of resident memory during a call, which also sees
   Numba's and PyTorch's own allocations (Linux).
-- ``machine``: CPU model, cores, library versions, the BLAS from threadpoolctl if installed.
+- ``machine``: CPU model, cores, library versions, the BLAS (threadpoolctl), the kernel sizes
+  that follow from it.
 - ``matmul_gflops``: float32 matrix-product GFLOP/s through NumPy, the ceiling each result is
   compared with.
 """
@@ -57,8 +58,7 @@ def cpu_seconds(f, repeat=2, at_least=0.02):
 
 @contextlib.contextmanager
 def one_thread():
-    """NumPy's BLAS and Numba's compiled loops on one thread each, restored afterwards
-    (needs threadpoolctl)."""
+    """NumPy's BLAS and Numba's compiled loops on one thread each, restored afterwards."""
     import numba
     from threadpoolctl import threadpool_limits
     threads = numba.get_num_threads()
@@ -95,12 +95,8 @@ def interleaved(calls, rounds, pause=0.0):
 
 
 def blas_limiter():
-    """``set(n)``: NumPy's BLAS on ``n`` threads, ``set(None)`` on as many as it had; None
-    when threadpoolctl is not installed."""
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:
-        return None
+    """``set(n)``: NumPy's BLAS on ``n`` threads, ``set(None)`` on as many as it had."""
+    from threadpoolctl import ThreadpoolController
     blas = ThreadpoolController().select(user_api="blas")
     most = max((lib["num_threads"] for lib in blas.info()), default=1)
 
@@ -174,11 +170,8 @@ def _cpu_model():
 
 
 def _blas():
-    """threadpoolctl's description of the BLAS (kernel, threads), when it is installed."""
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        return "threadpoolctl not installed"
+    """threadpoolctl's description of the BLAS (kernel, threads)."""
+    from threadpoolctl import threadpool_info
     return [{**{key: info.get(key) for key in ("internal_api", "version", "architecture",
                                                 "num_threads", "threading_layer")},
              "package": _package(info.get("filepath") or "")}
@@ -235,7 +228,7 @@ def kernel_sizes(d=64):
     from ...numba_cpu import blas_threads, chunked, softmax
 
     with softmax.planned_tiles(4096, 4096, d, d) as tiles:
-        held = tiles[0] * tiles[1] * d >= chunked.SINGLE_THREAD_PRODUCT  # only held ones do
+        held = blas_threads.holding()
     return {"blas_kernel": blas_threads.kernel(), "d": d, "softmax_tiles": list(tiles),
             "blas_held": held,
             "chunk_size": chunked.block_length(chunked.default_chunk_size(), d, d)}

@@ -74,11 +74,8 @@ def set_threads(n):
     """Numba's and the BLAS's threads to ``n``; returns the line naming them."""
     import numba
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-    limit = timing.blas_limiter()
-    if limit is not None:
-        limit(n)
-        return timing.thread_counts()
-    return f"threads: numba {numba.get_num_threads()}, BLAS not set (no threadpoolctl)"
+    timing.blas_limiter()(n)
+    return timing.thread_counts()
 
 
 class Ours:
