@@ -98,3 +98,25 @@ def test_blas_is_named_with_the_package_that_ships_it():
     entry = {"internal_api": "openblas", "version": "0.3.30", "architecture": "Haswell"}
     assert timing.blas_label(entry) == "openblas 0.3.30 (Haswell)"
     assert timing.blas_label({**entry, "package": "scipy"}) == "openblas 0.3.30 (Haswell) of scipy"
+
+
+def test_blas_limiter_restores_each_blas_to_its_own_threads():
+    import scipy.linalg.cython_blas  # noqa: F401 (loads SciPy's BLAS beside NumPy's)
+    from threadpoolctl import ThreadpoolController
+    libs = ThreadpoolController().select(user_api="blas").lib_controllers
+    if len(libs) < 2:
+        pytest.skip("one BLAS here: nothing to tell apart")
+    before = [lib.get_num_threads() for lib in libs]
+    try:
+        libs[0].set_num_threads(1)
+        libs[1].set_num_threads(2)
+        if libs[1].get_num_threads() != 2:
+            pytest.skip("this BLAS will not run on two threads here")
+        limit = timing.blas_limiter()
+        limit(1)
+        assert [lib.get_num_threads() for lib in libs[:2]] == [1, 1]
+        limit(None)              # each back to its own, not all to the most any had
+        assert [lib.get_num_threads() for lib in libs[:2]] == [1, 2]
+    finally:
+        for lib, threads in zip(libs, before):
+            lib.set_num_threads(threads)

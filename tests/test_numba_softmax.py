@@ -303,10 +303,12 @@ def test_the_plan_follows_the_blas_kernel_and_the_hold(large, held, want, monkey
 @pytest.mark.parametrize("causal", [False, True])
 def test_large_tiles_hold_the_blas_and_agree(causal, monkeypatch):
     # LARGE tiles on a shape that runs in parallel: the products go above OpenBLAS's
-    # threshold, so both kernels run inside a hold of the BLAS (one that took wherever a
-    # BLAS was found), and agree with the oracle
+    # threshold, so both kernels run inside a hold of the BLAS (one that takes wherever a
+    # hold takes here), and agree with the oracle
     holds = []
     hold = softmax.blas_threads.hold
+    with hold() as takes:
+        pass
 
     @contextlib.contextmanager
     def counted():
@@ -320,7 +322,7 @@ def test_large_tiles_hold_the_blas_and_agree(causal, monkeypatch):
     assert softmax._parallel(q, k, v, causal)
     out = softmax.attend(q, k, v, causal=causal, scale=0.3)
     grads = softmax.attend_backward(dout, q, k, v, causal=causal, scale=0.3)
-    assert holds == [bool(softmax.blas_threads._controllers())] * 2
+    assert holds == [takes] * 2
     np.testing.assert_allclose(out, reference(q, k, v, causal, 0.3)[1], rtol=1e-10,
                                atol=1e-12)
     assert_matches(grads, reference_backward(dout, q, k, v, causal, 0.3))

@@ -410,7 +410,7 @@ def _benchmark(out, quick, caption, peer_python):
     size = f"8 heads, D = M = 64, {meta['dtype']}, batch x N = {measure.FIGURE1['tokens']}"
     if quick:
         size = f"8 heads, D = M = 64, {meta['dtype']}"
-    memory_caption = (caption + "\nlinattn: the peak of NumPy's allocations beyond the "
+    memory_caption = (caption + "\nlinattn: the peak of traced allocations beyond the "
                       "inputs (tracemalloc); peers: the peak growth of resident memory")
     paths = (*time_vs_n(scaling, out / "time_vs_n", title=f"Time per sample ({size})",
                         caption=caption, ylabel="seconds per sample"),

@@ -349,8 +349,8 @@ def _per_sample(row, name, library):
 
     def each(key):
         return None if row.get(key) is None else row[key] / batch
-    # linattn's memory: the peak of NumPy's allocations (tracemalloc, exact; the kernels'
-    # own scratch is a few tiles); the peers': the peak growth of resident memory
+    # linattn's memory: the peak of what tracemalloc traces (exact: NumPy's arrays and the
+    # kernels' own scratch, a few tiles); the peers': the peak growth of resident memory
     memory = "peak_extra_bytes" if library == "linattn" else "peak_rss_bytes"
     return {"name": name, "n": row["n"], "batch": batch, "seconds_fwd": each("forward_s"),
             "seconds_fwdbwd": each("forward_backward_s"), "peak_bytes": each(memory),

@@ -83,8 +83,8 @@ def estimate_seconds(token_seconds, n, growth, probe_limit=PROBE_LIMIT, points=6
 
 @contextlib.contextmanager
 def thread_limit(n):
-    """NumPy's BLAS and Numba on ``n`` threads, restored afterwards; yields a line naming
-    what was set."""
+    """Every BLAS threadpoolctl finds (NumPy's and SciPy's) and Numba on ``n`` threads, each
+    restored afterwards; yields a line naming what was set."""
     import numba
 
     from .bench.timing import blas_limiter
@@ -97,8 +97,6 @@ def thread_limit(n):
     finally:
         numba.set_num_threads(before)
         limit(None)
-        if limit is not None:
-            limit(None)
 
 
 def _timed(f, rounds):

@@ -41,13 +41,14 @@ LARGE_PRODUCT_KERNELS = frozenset({"haswell", "zen"})
 _lock = threading.RLock()
 _holds = 0
 _saved = []           # (controller, its number of threads) while a hold is in place
-_took = False         # whether the hold in place set every BLAS found to one thread
+_took = False         # whether the hold in place found a BLAS and set each to one thread
 
 
 @functools.lru_cache(maxsize=1)
 def _controllers():
     """threadpoolctl's controllers of the BLAS that SciPy ships (the one Numba calls), or of
-    every BLAS where none lies in SciPy's folder (a system BLAS); () without threadpoolctl."""
+    every BLAS where none lies in SciPy's folder (a system BLAS); () where threadpoolctl or
+    SciPy will not import (both are dependencies: a broken install keeps the small sizes)."""
     try:
         import scipy
         import scipy.linalg.cython_blas  # noqa: F401 (loads the library Numba calls)
@@ -82,7 +83,8 @@ def hold():
     """Within the block, SciPy's BLAS runs each product on the thread that calls it; after,
     its number of threads is what it was (see the module's note on shared state). Yields
     whether it holds: False where no BLAS was found, or where the BLAS kept its threads.
-    (Not ``lab.bench.timing.one_thread``, which pins NumPy's BLAS and Numba for a timing.)"""
+    (The lab's ``bench.timing.one_thread`` is another thing: it pins every thread pool and
+    Numba for a timing, and is never called inside a kernel.)"""
     global _holds, _took
     with _lock:                  # a hold from another thread waits for this one to end
         if _holds == 0:

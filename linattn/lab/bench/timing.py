@@ -7,12 +7,13 @@
   notebooks time with these). Tables show medians; the head-to-head ratios compare best
   times, which other processes on a shared machine disturb least.
 - ``interleaved``: best times of several calls taken in turn, for ratios that a shared
-  machine's load would otherwise tilt; ``blas_limiter`` sets NumPy's BLAS threads for it.
+  machine's load would otherwise tilt; ``blas_limiter`` sets the BLAS threads (NumPy's and
+  SciPy's) for it.
 - ``peak_bytes``: the largest amount of memory a call holds beyond what existed before it
   (``tracemalloc`` sees every NumPy array, including those the kernels write into, and the
   buffers Numba allocates inside a compiled loop, which go through Python's allocator too).
 - ``peak_rss_bytes``: the peak growth of resident memory during a call, which also sees
-  Numba's and PyTorch's own allocations (Linux).
+  PyTorch's own allocations (Linux): the peers' measure.
 - ``machine``: CPU model, cores, library versions, the BLAS (threadpoolctl), the kernel sizes
   that follow from it.
 - ``matmul_gflops``: float32 matrix-product GFLOP/s through NumPy, the ceiling each result is
@@ -58,7 +59,8 @@ def cpu_seconds(f, repeat=2, at_least=0.02):
 
 @contextlib.contextmanager
 def one_thread():
-    """NumPy's BLAS and Numba's compiled loops on one thread each, restored afterwards."""
+    """Every thread pool threadpoolctl finds (NumPy's and SciPy's BLAS among them) and
+    Numba's compiled loops on one thread each, restored afterwards."""
     import numba
     from threadpoolctl import threadpool_limits
     threads = numba.get_num_threads()
@@ -95,13 +97,18 @@ def interleaved(calls, rounds, pause=0.0):
 
 
 def blas_limiter():
-    """``set(n)``: NumPy's BLAS on ``n`` threads, ``set(None)`` on as many as it had."""
+    """``set(n)``: every BLAS threadpoolctl finds (NumPy's and SciPy's) on ``n`` threads;
+    ``set(None)``: each back to the threads it had when the limiter was made."""
     from threadpoolctl import ThreadpoolController
     blas = ThreadpoolController().select(user_api="blas")
-    most = max((lib["num_threads"] for lib in blas.info()), default=1)
+    before = [(lib, lib.get_num_threads()) for lib in blas.lib_controllers]
 
     def limit(n):
-        blas.limit(limits=n or most)
+        if n is None:
+            for lib, threads in before:
+                lib.set_num_threads(threads)
+        else:
+            blas.limit(limits=n)
     return limit
 
 
@@ -223,8 +230,9 @@ def machine():
 def kernel_sizes(d=64):
     """The sizes the Numba kernels take from SciPy's BLAS kernel, at N = 4096, D = M = ``d``,
     on this thread: the softmax tiles (B, C) as ``softmax.planned_tiles`` yields them,
-    whether it held the BLAS to one thread for them, and the causal linear kernel's block
-    length (``numba_cpu.blas_threads``)."""
+    whether the BLAS was held to one thread while they would run (``blas_threads.holding``:
+    by this plan, or by a hold already in place), and the causal linear kernel's block length
+    (``numba_cpu.blas_threads``)."""
     from ...numba_cpu import blas_threads, chunked, softmax
 
     with softmax.planned_tiles(4096, 4096, d, d) as tiles:
