@@ -120,3 +120,28 @@ def test_blas_limiter_restores_each_blas_to_its_own_threads():
     finally:
         for lib, threads in zip(libs, before):
             lib.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("first_s, warm, calls", [
+    (0.0, True, {"fwd": 3, "both": 4}),       # fast: a warm-up, then three of each
+    (0.0, False, {"fwd": 3, "both": 4}),
+    (0.05, True, {"fwd": 1, "both": 1}),      # slow and warm: the first call is the timing
+    (0.05, False, {"fwd": 1, "both": 2}),     # slow, cold: the first call may compile
+])
+def test_point_times_a_slow_call_once_and_a_warm_one_from_its_first(monkeypatch, first_s,
+                                                                     warm, calls):
+    monkeypatch.setattr(timing, "SLOW", 0.02)
+    counts = {"fwd": 0, "both": 0}
+
+    def forward():
+        counts["fwd"] += 1
+
+    def both():
+        counts["both"] += 1
+        time.sleep(first_s if counts["both"] == 1 else 0.0)
+
+    fwd_median, fwd_best, both_median, both_best = timing.point(forward, both, 3, warm)
+    assert counts == calls
+    assert fwd_best <= fwd_median and both_best <= both_median
+    # the first (slow) call is the forward + backward timing only where it is warm
+    assert (both_median >= first_s > 0) == (first_s > 0 and warm)

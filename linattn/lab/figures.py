@@ -407,7 +407,8 @@ def _benchmark(out, quick, caption, peer_python):
                f"after the first N at which one forward + backward call took over "
                f"{meta['budget']:g} s (NumPy's softmax also where its N x N matrices would "
                f"not fit in memory)")
-    size = f"8 heads, D = M = 64, {meta['dtype']}, batch x N = {measure.FIGURE1['tokens']}"
+    size = (f"8 heads, D = M = 64, {meta['dtype']}, batch = max(1, "
+            f"{measure.FIGURE1['tokens']} / N)")
     if quick:
         size = f"8 heads, D = M = 64, {meta['dtype']}"
     memory_caption = (caption + "\nlinattn: the peak of traced allocations beyond the "

@@ -218,15 +218,23 @@ BENCH_NAMES = {"softmax numpy": "softmax (NumPy)", "softmax numba": "softmax (Nu
 PEER_NAMES = {"torch softmax": ("softmax (PyTorch SDPA)", "PyTorch"),
               "pft causal linear": ("causal linear (pytorch-fast-transformers)",
                                     "pytorch-fast-transformers")}
-# the paper's Figure 1: N = 2^9 .. 2^16 at batch x N = 2^16 tokens
-FIGURE1 = dict(min_n=2**9, max_n=2**16, tokens=2**16)
+# Figure 1 at the figures tier's size: N = 2^9 .. 2^16 at batch x N = 2^15 tokens (batch 1
+# at N = 2^16). The paper keeps 2^16 tokens a call; every form's work grows linearly in the
+# batch, so the time and memory per sample are the same, and half the tokens halve the
+# figures tier's longest step. ``python -m linattn.lab.bench --tokens 65536`` times the
+# paper's size.
+FIGURE1 = dict(min_n=2**9, max_n=2**16, tokens=2**15)
 
 
 # seconds: a curve of Figure 1 stops after its first forward + backward over all the tokens
-# that takes longer. Every call of a linear form does the same work (batch x N is fixed), so
-# this lets the NumPy forms run the whole range on a small machine and stops the quadratic
-# ones after a few doublings.
-FIGURE1_BUDGET = 15.0
+# that takes longer. Every call of a linear form does the same work (batch x N is fixed up to
+# N = 2^15), so this lets the NumPy forms run the whole range on a small machine and stops
+# the quadratic ones after a few doublings.
+FIGURE1_BUDGET = 7.5
+
+# rounds of the benchmark's head to head, in each instruction-set mode: each round takes
+# every pair in turn, and the summary takes the median over the rounds
+HEAD_TO_HEAD_ROUNDS = 3
 
 
 # what the captions and the output say when no peer ran because none was asked for
@@ -237,10 +245,11 @@ NO_PEERS = ("none ran (add them with --peer-python PATH, or make figures PEER_PY
 def benchmark_rows(out_dir, quick=False, peer_python=None, budget=FIGURE1_BUDGET):
     """Run ``python -m linattn.lab.bench`` once into ``out_dir`` (bench.json, bench_*.csv,
     bench.txt) on the cases of ``BENCH_NAMES``, as the paper's Figure 1 ran: 8 heads,
-    D = M = 64, float32, N = 2^9 .. 2^16 with the batch scaled so that batch x N = 2^16
-    tokens, each case until one forward + backward takes ``budget`` seconds; the peers of
-    ``PEER_NAMES`` too when ``peer_python`` (an interpreter with torch and
-    pytorch-fast-transformers) is given. Quick: N up to 1024 and 2048 tokens, no peers.
+    D = M = 64, float32, N = 2^9 .. 2^16 with the batch scaled so that batch x N =
+    ``FIGURE1["tokens"]`` (batch at least 1), each case until one forward + backward takes
+    ``budget`` seconds; the peers of ``PEER_NAMES`` too when ``peer_python`` (an
+    interpreter with torch and pytorch-fast-transformers) is given. Quick: N up to 1024 and
+    2048 tokens, no peers.
 
     Returns
     -------
@@ -261,7 +270,8 @@ def benchmark_rows(out_dir, quick=False, peer_python=None, budget=FIGURE1_BUDGET
             "--tokens", str(FIGURE1["tokens"]), "--min-n", str(FIGURE1["min_n"])]
     args += ["--peer-python", peer_python] if peer_python else ["--no-peers"]
     args += ["--quick"] if quick else ["--max-n", str(FIGURE1["max_n"]), "--repeats", "3",
-                                       "--gen-positions", "4096", "--rounds", "3"]
+                                       "--gen-positions", "4096", "--rounds",
+                                       str(HEAD_TO_HEAD_ROUNDS)]
     bench.main(args)
     with open(os.path.join(out_dir, "bench.json")) as f:
         results = json.load(f)
@@ -277,7 +287,7 @@ def benchmark_rows(out_dir, quick=False, peer_python=None, budget=FIGURE1_BUDGET
                              if peer_python else NO_PEERS}
 
 
-def avx2_head_to_head(out_dir, peer_python=None, rounds=5):
+def avx2_head_to_head(out_dir, peer_python=None, rounds=HEAD_TO_HEAD_ROUNDS):
     """The benchmark's head-to-head rounds again, every side held to the AVX2 instruction set
     (``isa``; Numba compiles its kernels once more for that target), into ``out_dir``
     (bench.json and bench.txt): the ratios as an AVX2-only CPU gives them, beside the native

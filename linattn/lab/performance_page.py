@@ -92,10 +92,11 @@ def _header(figures_dir, bench):
               f"{_settings(m.get('openblas_env'))}"]
     cfg = bench.get("config", {})
     if cfg:
+        batch = (f"batch = max(1, {cfg['tokens']} / N)" if cfg.get("tokens")
+                 else f"batch {cfg.get('batch')}")
         lines.append(f"- shapes: {cfg.get('heads')} heads, D = {cfg.get('dim')}, "
-                     f"M = {cfg.get('value_dim')}, {cfg.get('dtype')}; batch x N = "
-                     f"{cfg.get('tokens')} tokens per call; head to head at N = "
-                     f"{cfg.get('compare_n')}, {cfg.get('rounds')} rounds")
+                     f"M = {cfg.get('value_dim')}, {cfg.get('dtype')}; {batch}; head to head "
+                     f"at N = {cfg.get('compare_n')}, {cfg.get('rounds')} rounds")
     return "\n".join(lines)
 
 
@@ -172,8 +173,9 @@ def _time(figures_dir):
     fwd, _ = _by_n(rows, "seconds_fwd", 1e3, "ms")
     both, _ = _by_n(rows, "seconds_fwdbwd", 1e3, "ms")
     text = [f"## Time against N ({_source(path, meta)})", "",
-            "Milliseconds per sample (a call's time over its batch; batch x N fixed), and the "
-            "log-log slope over the larger half of N. The figure: `figures/time_vs_n.png`.", "",
+            "Milliseconds per sample (a call's time over its batch, max(1, tokens / N)), and "
+            "the log-log slope over the larger half of N. The figure: "
+            "`figures/time_vs_n.png`.", "",
             "Forward:", "", fwd, "", "Forward + backward:", "", both]
     for slow in ("softmax (Numba, tiled)", "softmax (PyTorch SDPA)"):
         if any(r["name"] == slow for r in rows):

@@ -139,19 +139,20 @@ def _available_bytes():
     return 8 << 30
 
 
-def measure(name, q, k, v, dout, repeats, pause, memory=True):
-    """One point: forward and forward + backward seconds, and the peak extra bytes of a
-    forward + backward, after a ``pause`` of seconds (``timing.settle``)."""
+def measure(name, q, k, v, dout, repeats, pause, memory=True, warm=False):
+    """One point: forward and forward + backward seconds (``timing.point``; ``warm``: the
+    case ran before in this process), and the peak extra bytes of a forward + backward,
+    after a ``pause`` of seconds (``timing.settle``)."""
     forward, forward_backward = CASES[name]
 
     def both():
         return forward_backward(q, k, v, dout)
 
     timing.settle(pause)
-    reps = repeats if timing.once(both) < 2.0 else 1         # warm-up, and a size probe
     row = {"case": name, "n": q.shape[-2]}
-    row["forward_s"], row["forward_best_s"] = timing.seconds(lambda: forward(q, k, v), reps, 0)
-    row["forward_backward_s"], row["forward_backward_best_s"] = timing.seconds(both, reps, 0)
+    (row["forward_s"], row["forward_best_s"], row["forward_backward_s"],
+     row["forward_backward_best_s"]) = timing.point(lambda: forward(q, k, v), both, repeats,
+                                                    warm)
     row["peak_extra_bytes"] = timing.peak_bytes(both) if memory else None
     return row
 
@@ -171,7 +172,8 @@ def scaling(cfg, progress):
                                                              q.itemsize):
                 stopped.add(name)
                 continue
-            row = measure(name, q, k, v, dout, cfg.repeats, cfg.pause)
+            warm = any(row["case"] == name for row in rows)
+            row = measure(name, q, k, v, dout, cfg.repeats, cfg.pause, warm=warm)
             row["batch"] = batch
             rows.append(row)
             if row["forward_backward_s"] > cfg.budget:

@@ -1,6 +1,6 @@
 """The benchmark's peers: PyTorch's softmax attention and the paper authors' library,
-pytorch-fast-transformers (its CPU causal product, causal and non-causal linear attention,
-and the recurrent step), timed like linattn in ``timing``, float32.
+pytorch-fast-transformers (its causal and non-causal linear attention, its Reformer, and
+the recurrent step), timed like linattn in ``timing``, float32.
 
 Run as a script by ``python -m linattn.lab.bench`` with an interpreter that has torch
 (``--peer-python``), since the peers are an optional extra; it reads one JSON configuration
@@ -11,23 +11,22 @@ It never imports linattn, and linattn never imports it.
 import json
 import sys
 import time
-import timeit
 
 import numpy as np
 
 # the sibling module, found through this script's folder: this script runs in the peers'
 # interpreter, which has no linattn installed
-from timing import peak_rss_bytes, seconds
+from timing import peak_rss_bytes, point, seconds
 
 
 # the cases timed at every N (the others only in the head-to-head)
-SCALING = ("torch softmax", "pft causal linear", "pft linear non-causal", "pft causal product")
+SCALING = ("torch softmax", "pft causal linear", "pft linear non-causal")
 
 
 def cases(torch, b, h, n, d, m, eps):
     """name -> (forward, forward + backward), each a closure over fixed random inputs.
 
-    PyTorch and the causal product take (batch, heads, N, D); pft's attention modules take
+    PyTorch takes (batch, heads, N, D); pft's attention modules take
     (batch, N, heads, D), so their inputs and dout are transposed copies.
     """
     import torch.nn.functional as functional
@@ -44,7 +43,6 @@ def cases(torch, b, h, n, d, m, eps):
             q, k, v), tuple(map(leaf, (q, k, v))), dout)}
     try:
         from fast_transformers.attention import CausalLinearAttention, LinearAttention
-        from fast_transformers.causal_product import causal_dot_product
         from fast_transformers.masking import FullMask, LengthMask, TriangularCausalMask
     except ImportError:
         pass
@@ -53,13 +51,11 @@ def cases(torch, b, h, n, d, m, eps):
         causal, full = CausalLinearAttention(d, eps=eps), LinearAttention(d, eps=eps)
         seq = tuple(leaf(x.transpose(1, 2)) for x in (q, k, v))     # (batch, N, heads, D)
         dout_seq = dout.transpose(1, 2).contiguous()
-        phi = tuple(leaf(functional.elu(x) + 1) for x in (q, k))    # the product's inputs
         table["pft causal linear"] = (
             lambda q, k, v: causal(q, k, v, TriangularCausalMask(n), lengths, lengths),
             seq, dout_seq)
         table["pft linear non-causal"] = (
             lambda q, k, v: full(q, k, v, FullMask(n), lengths, lengths), seq, dout_seq)
-        table["pft causal product"] = (causal_dot_product, (*phi, leaf(v)), dout)
         if n % 32 == 0:                        # pft's Reformer needs whole chunks
             for rounds in (1, 4):
                 table[f"pft reformer-{rounds}"] = (_reformer(torch, n, rounds, lengths),
@@ -151,10 +147,10 @@ def main(config):
             if name not in SCALING or name in stopped or not (
                     name == "torch softmax" or n <= config["max_linear_n"]):
                 continue
-            reps = config["repeats"] if timeit.timeit(both, number=1) < 2.0 else 1
+            warm = any(row["case"] == name for row in result["scaling"])
             row = {"case": name, "n": n, "batch": batch}
-            row["forward_s"], row["forward_best_s"] = seconds(forward, reps)
-            row["forward_backward_s"], row["forward_backward_best_s"] = seconds(both, reps)
+            (row["forward_s"], row["forward_best_s"], row["forward_backward_s"],
+             row["forward_backward_best_s"]) = point(forward, both, config["repeats"], warm)
             row["peak_rss_bytes"] = peak_rss_bytes(both)
             result["scaling"].append(row)
             if row["forward_backward_s"] > config["budget"]:

@@ -2,7 +2,9 @@
 
 - ``settle``: a pause between cases, so that one case's idle threads do not slow the next.
 - ``seconds``, ``once``: median and best wall time of a call, after warm-up calls
-  (compilation, caches), by ``timeit``: the one timer of the package; ``cpu_seconds`` the
+  (compilation, caches), by ``timeit``: the one timer of the package; ``point``: the
+  forward and forward + backward timings of one benchmark point, each call timed once
+  where one takes over ``SLOW`` seconds; ``cpu_seconds`` the
   same in CPU time, and ``one_thread`` / ``thread_counts`` to pin and name the threads (the
   notebooks time with these). Tables show medians; the head-to-head ratios compare best
   times, which other processes on a shared machine disturb least.
@@ -43,6 +45,30 @@ def seconds(f, repeats=5, warmup=1):
 def once(f):
     """Wall time of one call of ``f()`` (``timeit``)."""
     return timeit.timeit(f, number=1)
+
+
+# seconds: a benchmark call this slow is timed once (``point``); its time then dwarfs the
+# timer's and the scheduler's noise, and repeating it would cost minutes a point
+SLOW = 2.0
+
+
+def point(forward, forward_backward, repeats, warm):
+    """Timings of one benchmark point: (forward median, forward best, forward + backward
+    median, forward + backward best), in seconds.
+
+    A first ``forward_backward()`` warms up and gives the size: under ``SLOW`` seconds,
+    each call is timed ``repeats`` times; over it, once. Then, if ``warm`` (the same code ran
+    before in this process, at other sizes, so nothing compiles), the first call is that
+    one forward + backward timing: at a new size it is not systematically slower than the
+    next (in the benchmark's cases, ours and the peers', it fell either side of the next
+    within their run-to-run spread). ``forward`` follows the forward + backward, which ran
+    its code."""
+    first = once(forward_backward)
+    reps = repeats if first < SLOW else 1
+    fwd = seconds(forward, reps, warmup=0)
+    if reps == 1 and warm:
+        return (*fwd, first, first)
+    return (*fwd, *seconds(forward_backward, reps, warmup=0))
 
 
 def cpu_seconds(f, repeat=2, at_least=0.02):
