@@ -1,4 +1,5 @@
-"""``python -m linattn.lab.bench --quick``: runs, writes its files, and reports what it measured."""
+"""The lab's benchmark: ``python -m linattn.lab.bench --quick`` runs, writes its files and
+reports what it measured; its timing helpers (``timing``) and how the scaling calls them."""
 import json
 import time
 
@@ -125,12 +126,12 @@ def test_blas_limiter_restores_each_blas_to_its_own_threads():
 @pytest.mark.parametrize("first_s, warm, calls", [
     (0.0, True, {"fwd": 3, "both": 4}),       # fast: a warm-up, then three of each
     (0.0, False, {"fwd": 3, "both": 4}),
-    (0.05, True, {"fwd": 1, "both": 1}),      # slow and warm: the first call is the timing
-    (0.05, False, {"fwd": 1, "both": 2}),     # slow, cold: the first call may compile
+    (0.6, True, {"fwd": 1, "both": 1}),       # slow and warm: the first call is the timing
+    (0.6, False, {"fwd": 1, "both": 2}),      # slow, cold: the first call may compile
 ])
 def test_point_times_a_slow_call_once_and_a_warm_one_from_its_first(monkeypatch, first_s,
                                                                      warm, calls):
-    monkeypatch.setattr(timing, "SLOW", 0.02)
+    monkeypatch.setattr(timing, "SLOW", 0.5)  # a no-op call stays far below it, even busy
     counts = {"fwd": 0, "both": 0}
 
     def forward():
@@ -142,6 +143,30 @@ def test_point_times_a_slow_call_once_and_a_warm_one_from_its_first(monkeypatch,
 
     fwd_median, fwd_best, both_median, both_best = timing.point(forward, both, 3, warm)
     assert counts == calls
-    assert fwd_best <= fwd_median and both_best <= both_median
-    # the first (slow) call is the forward + backward timing only where it is warm
+    assert fwd_best <= fwd_median < 0.5 and both_best <= both_median
+    # the slow first call is the forward + backward timing where, and only where, it is warm
     assert (both_median >= first_s > 0) == (first_s > 0 and warm)
+    assert both_median < 0.5 or (first_s > 0 and warm)
+
+
+def test_scaling_calls_a_case_warm_from_its_second_size_on(monkeypatch):
+    from types import SimpleNamespace
+
+    from tqdm import tqdm
+
+    from linattn.lab.bench import cases
+    seen = []
+
+    def measure(name, q, k, v, dout, repeats, pause, memory=True, warm=False):
+        seen.append((name, q.shape[-2], q.shape[0], warm))
+        return {"case": name, "n": q.shape[-2], "forward_backward_s": 3.0 if
+                (name, q.shape[-2]) == ("lsh-1 numba", 16) else 0.0}
+
+    monkeypatch.setattr(cases, "measure", measure)
+    cfg = SimpleNamespace(ns=[8, 16, 32], batch=1, tokens=32, heads=1, dim=2, value_dim=2,
+                          dtype="float32", cases=["causal numba", "lsh-1 numba"], repeats=3,
+                          pause=0.0, budget=2.0)
+    cases.scaling(cfg, tqdm(disable=True))
+    assert seen == [("causal numba", 8, 4, False), ("lsh-1 numba", 8, 4, False),
+                    ("causal numba", 16, 2, True), ("lsh-1 numba", 16, 2, True),
+                    ("causal numba", 32, 1, True)]      # lsh-1 stopped: over the budget

@@ -217,3 +217,17 @@ def test_growth_drops_the_constant_a_log_log_slope_keeps():
         growth([1, 2, 5], [1, 2, 3])
     with pytest.raises(ValueError, match="three"):
         growth([1, 2], [1, 2])
+
+
+def test_main_makes_its_output_folder_before_the_first_step(monkeypatch, tmp_path):
+    """A new --out folder exists when the first step starts (a step writes its CSV only at
+    its end, after minutes or hours of training)."""
+    from linattn.lab import figures
+    out = tmp_path / "new" / "folder"
+    seen = []
+    monkeypatch.setattr(figures, "FIGURES", [
+        ("feature_map_error", lambda out_, quick, caption, peer: seen.append(out_.is_dir())
+         or ())])
+    monkeypatch.setattr("linattn.lab.performance_page.write_page", lambda *a: "page")
+    assert figures.main(["--quick", "--out", str(out)]) == 0
+    assert seen == [True]

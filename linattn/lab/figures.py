@@ -395,7 +395,8 @@ def _copy_task(out, quick, caption, peer_python):
 
 def _benchmark(out, quick, caption, peer_python):
     """One benchmark run (its files go to out/data) drawn three ways, as the paper's
-    Figure 1: time and memory per sample against N at a constant number of tokens. Not
+    Figure 1: time and memory per sample against N at batch = max(1, T / N), T =
+    ``measure.FIGURE1["tokens"]``. Not
     quick: the head to head again in AVX2 mode (out/data/avx2), and one training step
     against pft in both modes (data/train_step.json, data/avx2/train_step.json)."""
     scaling, tokens, meta = measure.benchmark_rows(out / "data", quick, peer_python)
@@ -519,6 +520,7 @@ def main(argv=None):
                              "benchmark's data files); the page is still written from all "
                              "the files in the folder")
     args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)     # before the first step, not after its hours
     from .bench.timing import machine as bench_machine
     caption = f"computed on {measure.machine_caption(bench_machine())}"
     steps = [(name, make) for name, make in FIGURES

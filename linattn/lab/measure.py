@@ -218,11 +218,12 @@ BENCH_NAMES = {"softmax numpy": "softmax (NumPy)", "softmax numba": "softmax (Nu
 PEER_NAMES = {"torch softmax": ("softmax (PyTorch SDPA)", "PyTorch"),
               "pft causal linear": ("causal linear (pytorch-fast-transformers)",
                                     "pytorch-fast-transformers")}
-# Figure 1 at the figures tier's size: N = 2^9 .. 2^16 at batch x N = 2^15 tokens (batch 1
-# at N = 2^16). The paper keeps 2^16 tokens a call; every form's work grows linearly in the
-# batch, so the time and memory per sample are the same, and half the tokens halve the
-# figures tier's longest step. ``python -m linattn.lab.bench --tokens 65536`` times the
-# paper's size.
+# Figure 1 at the figures tier's size: N = 2^9 .. 2^16 at batch = max(1, 2^15 / N), so 2^15
+# tokens a call up to N = 2^15 and batch 1 from there. The paper keeps 2^16 tokens a call;
+# every form's work grows linearly in the batch, so the time and memory per sample are the
+# same, and every point below N = 2^16 takes half the time. ``python -m linattn bench
+# --tokens 65536 --min-n 512 --budget 15 --repeats 3 --out DIR`` measures the paper's size
+# (its tables and CSVs, not the figures).
 FIGURE1 = dict(min_n=2**9, max_n=2**16, tokens=2**15)
 
 
@@ -233,7 +234,8 @@ FIGURE1 = dict(min_n=2**9, max_n=2**16, tokens=2**15)
 FIGURE1_BUDGET = 7.5
 
 # rounds of the benchmark's head to head, in each instruction-set mode: each round takes
-# every pair in turn, and the summary takes the median over the rounds
+# every pair in turn (the best of 3 calls each side natively, of the benchmark's default 5 in
+# AVX2 mode), and the summary takes the median over the rounds
 HEAD_TO_HEAD_ROUNDS = 3
 
 
@@ -244,7 +246,8 @@ NO_PEERS = ("none ran (add them with --peer-python PATH, or make figures PEER_PY
 
 def benchmark_rows(out_dir, quick=False, peer_python=None, budget=FIGURE1_BUDGET):
     """Run ``python -m linattn.lab.bench`` once into ``out_dir`` (bench.json, bench_*.csv,
-    bench.txt) on the cases of ``BENCH_NAMES``, as the paper's Figure 1 ran: 8 heads,
+    bench.txt) on the cases of ``BENCH_NAMES``, in the shape of the paper's Figure 1 (at
+    half its tokens a call): 8 heads,
     D = M = 64, float32, N = 2^9 .. 2^16 with the batch scaled so that batch x N =
     ``FIGURE1["tokens"]`` (batch at least 1), each case until one forward + backward takes
     ``budget`` seconds; the peers of ``PEER_NAMES`` too when ``peer_python`` (an

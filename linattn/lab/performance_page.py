@@ -19,7 +19,7 @@ import pathlib
 
 
 from . import isa
-from .bench.timing import blas_label
+from .bench.timing import SLOW, blas_label
 from .figures import fitted_slope
 from .measure import crossover_n
 from .page_experiments import _copy_task, _images, _retrieval, _speech
@@ -173,9 +173,10 @@ def _time(figures_dir):
     fwd, _ = _by_n(rows, "seconds_fwd", 1e3, "ms")
     both, _ = _by_n(rows, "seconds_fwdbwd", 1e3, "ms")
     text = [f"## Time against N ({_source(path, meta)})", "",
-            "Milliseconds per sample (a call's time over its batch, max(1, tokens / N)), and "
-            "the log-log slope over the larger half of N. The figure: "
-            "`figures/time_vs_n.png`.", "",
+            "Milliseconds per sample: a call's time over its batch, max(1, T / N) with T the "
+            "tokens of the shapes above; the median of the calls timed, or one call's time "
+            f"where a call took over {SLOW:g} s (`timing.point`). Then the log-log slope over "
+            "the larger half of N. The figure: `figures/time_vs_n.png`.", "",
             "Forward:", "", fwd, "", "Forward + backward:", "", both]
     for slow in ("softmax (Numba, tiled)", "softmax (PyTorch SDPA)"):
         if any(r["name"] == slow for r in rows):

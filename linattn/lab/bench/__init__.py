@@ -6,7 +6,9 @@ arXiv:2006.16236, sections 3.3-3.4 and Fig. 1). One run measures:
 
 - the ceiling: float32 matrix-product GFLOP/s through NumPy, so every result can be read as
   a fraction of what this CPU can do;
-- scaling: forward and forward + backward time (median after a warm-up) and peak extra
+- scaling: forward and forward + backward time (median of ``--repeats`` calls after a
+  warm-up, or one call where one takes over ``timing.SLOW`` seconds: ``timing.point``) and
+  peak extra
   memory against N = 2^j, for softmax (NumPy, Numba) and linear attention (non-causal; causal
   by NumPy's loops, NumPy's blocks, Numba's loops, Numba's blocks, and Numba's default);
 - the loops-or-blocks crossover of the Numba backend against D = M, and the forms "auto"
@@ -54,7 +56,8 @@ def parse(argv):
     p.add_argument("--max-n", type=positive_int, default=65536,
                    help="largest N (a power of two)")
     p.add_argument("--tokens", type=positive_int, default=None,
-                   help="keep batch x N at TOKENS, batch = max(1, TOKENS // N), as the "
+                   help="keep batch x N at TOKENS (up to N = TOKENS), batch = "
+                        "max(1, TOKENS // N), as the "
                         "paper's Figure 1 does (default: --batch at every N)")
     p.add_argument("--compare-n", type=positive_int, default=4096,
                    help="N of the head-to-head rounds and the summary")

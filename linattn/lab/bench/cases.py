@@ -6,7 +6,7 @@ Every case is a pair of closures over float arrays of shape (batch, heads, N, D)
 stops growing N once one forward + backward takes longer than the time budget, and softmax
 on NumPy once its N x N matrices would not fit in memory. With ``--tokens T`` the batch
 shrinks as N grows, batch = max(1, T // N), as in the paper's Figure 1, so that time and
-memory per sample can be compared across N at a constant load.
+memory per sample can be compared across N at a constant load (up to N = T; batch 1 beyond).
 """
 import functools
 import time

@@ -4,8 +4,9 @@ the recurrent step), timed like linattn in ``timing``, float32.
 
 Run as a script by ``python -m linattn.lab.bench`` with an interpreter that has torch
 (``--peer-python``), since the peers are an optional extra; it reads one JSON configuration
-argument and prints one JSON object: every case at every N (``main``), or, for one round of
-the benchmark's head-to-head, pft's causal forward + backward and step (``head_to_head``).
+argument and prints one JSON object: the cases of ``SCALING`` at every N (``main``), or, for
+one round of the benchmark's head-to-head, each peer of its pairs and pft's step
+(``head_to_head``).
 It never imports linattn, and linattn never imports it.
 """
 import json
