@@ -221,9 +221,8 @@ PEER_NAMES = {"torch softmax": ("softmax (PyTorch SDPA)", "PyTorch"),
 # Figure 1 at the figures tier's size: N = 2^9 .. 2^16 at batch = max(1, 2^15 / N), so 2^15
 # tokens a call up to N = 2^15 and batch 1 from there. The paper keeps 2^16 tokens a call;
 # every form's work grows linearly in the batch, so the time and memory per sample are the
-# same, and every point below N = 2^16 takes half the time. ``python -m linattn bench
-# --tokens 65536 --min-n 512 --budget 15 --repeats 3 --out DIR`` measures the paper's size
-# (its tables and CSVs, not the figures).
+# same, and each call below N = 2^16 does half the work. The README gives the command that
+# measures the paper's size.
 FIGURE1 = dict(min_n=2**9, max_n=2**16, tokens=2**15)
 
 
@@ -247,7 +246,7 @@ NO_PEERS = ("none ran (add them with --peer-python PATH, or make figures PEER_PY
 def benchmark_rows(out_dir, quick=False, peer_python=None, budget=FIGURE1_BUDGET):
     """Run ``python -m linattn.lab.bench`` once into ``out_dir`` (bench.json, bench_*.csv,
     bench.txt) on the cases of ``BENCH_NAMES``, in the shape of the paper's Figure 1 (at
-    half its tokens a call): 8 heads,
+    half its tokens a call below N = 2^16): 8 heads,
     D = M = 64, float32, N = 2^9 .. 2^16 with the batch scaled so that batch x N =
     ``FIGURE1["tokens"]`` (batch at least 1), each case until one forward + backward takes
     ``budget`` seconds; the peers of ``PEER_NAMES`` too when ``peer_python`` (an

@@ -92,11 +92,12 @@ def _header(figures_dir, bench):
               f"{_settings(m.get('openblas_env'))}"]
     cfg = bench.get("config", {})
     if cfg:
-        batch = (f"batch = max(1, {cfg['tokens']} / N)" if cfg.get("tokens")
+        batch = (f"scaling at batch = max(1, {cfg['tokens']} / N)" if cfg.get("tokens")
                  else f"batch {cfg.get('batch')}")
         lines.append(f"- shapes: {cfg.get('heads')} heads, D = {cfg.get('dim')}, "
                      f"M = {cfg.get('value_dim')}, {cfg.get('dtype')}; {batch}; head to head "
-                     f"at N = {cfg.get('compare_n')}, {cfg.get('rounds')} rounds")
+                     f"at N = {cfg.get('compare_n')}, batch {cfg.get('batch')}, "
+                     f"{cfg.get('rounds')} rounds")
     return "\n".join(lines)
 
 
@@ -174,8 +175,9 @@ def _time(figures_dir):
     both, _ = _by_n(rows, "seconds_fwdbwd", 1e3, "ms")
     text = [f"## Time against N ({_source(path, meta)})", "",
             "Milliseconds per sample: a call's time over its batch, max(1, T / N) with T the "
-            "tokens of the shapes above; the median of the calls timed, or one call's time "
-            f"where a call took over {SLOW:g} s (`timing.point`). Then the log-log slope over "
+            "tokens of the shapes above; the median of the calls timed, or, where the first "
+            f"forward + backward took over {SLOW:g} s, one call's time in both columns "
+            "(`timing.point`). Then the log-log slope over "
             "the larger half of N. The figure: `figures/time_vs_n.png`.", "",
             "Forward:", "", fwd, "", "Forward + backward:", "", both]
     for slow in ("softmax (Numba, tiled)", "softmax (PyTorch SDPA)"):

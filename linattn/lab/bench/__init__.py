@@ -7,7 +7,8 @@ arXiv:2006.16236, sections 3.3-3.4 and Fig. 1). One run measures:
 - the ceiling: float32 matrix-product GFLOP/s through NumPy, so every result can be read as
   a fraction of what this CPU can do;
 - scaling: forward and forward + backward time (median of ``--repeats`` calls after a
-  warm-up, or one call where one takes over ``timing.SLOW`` seconds: ``timing.point``) and
+  warm-up, or one call each where the first forward + backward takes over ``timing.SLOW``
+  seconds: ``timing.point``) and
   peak extra
   memory against N = 2^j, for softmax (NumPy, Numba) and linear attention (non-causal; causal
   by NumPy's loops, NumPy's blocks, Numba's loops, Numba's blocks, and Numba's default);

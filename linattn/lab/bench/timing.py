@@ -3,11 +3,12 @@
 - ``settle``: a pause between cases, so that one case's idle threads do not slow the next.
 - ``seconds``, ``once``: median and best wall time of a call, after warm-up calls
   (compilation, caches), by ``timeit``: the one timer of the package; ``point``: the
-  forward and forward + backward timings of one benchmark point, each call timed once
-  where one takes over ``SLOW`` seconds; ``cpu_seconds`` the same in CPU time, and
-  ``one_thread`` / ``thread_counts`` to pin and name the threads (the notebooks time with
-  these). Tables show medians (of one call, where it took over ``SLOW``); the head-to-head
-  ratios compare best times, which other processes on a shared machine disturb least.
+  forward and forward + backward timings of one benchmark point, each timed once where the
+  first forward + backward takes over ``SLOW`` seconds; ``cpu_seconds`` the same in CPU
+  time, and ``one_thread`` / ``thread_counts`` to pin and name the threads (the notebooks
+  time with these). Tables show medians (one call's time in both columns where ``point``
+  timed once); the head-to-head ratios compare best times, which other processes on a
+  shared machine disturb least.
 - ``interleaved``: best times of several calls taken in turn, for ratios that a shared
   machine's load would otherwise tilt; ``blas_limiter`` sets the BLAS threads (NumPy's and
   SciPy's) for it.
@@ -62,10 +63,10 @@ def point(forward, forward_backward, repeats, warm):
     before in this process, at other sizes, so nothing compiles), the first call is that
     one forward + backward timing: at a new size it is not systematically slower than the
     next (measured on a 2-core Xeon for five of our cases and three of the peers', N = 512
-    to 16384: the first of three calls fell on either side of the other two, within their
-    spread). Where ``warm`` is False the first call may compile, and a fast case whose
-    compiling takes over ``SLOW`` is timed once at that size. ``forward`` follows the
-    forward + backward, which ran its code."""
+    to 32768: the first of three calls fell on either side of the other two, or within
+    their spread). Where ``warm`` is False the first
+    call may compile, and a fast case whose compiling takes over ``SLOW`` is timed once at
+    that size. ``forward`` follows the forward + backward, which ran its code."""
     first = once(forward_backward)
     reps = repeats if first < SLOW else 1
     fwd = seconds(forward, reps, warmup=0)
