@@ -62,7 +62,7 @@ def point(forward, forward_backward, repeats, warm):
     each call is timed ``repeats`` times; over it, once. Then, if ``warm`` (the same code ran
     before in this process, at other sizes, so nothing compiles), the first call is that
     one forward + backward timing: at a new size it is not systematically slower than the
-    next (measured on a 2-core Xeon for five of our cases and three of the peers', N = 512
+    next (measured on a 2-core Xeon for six of our cases and three of the peers', N = 512
     to 32768: the first of three calls fell on either side of the other two, or within
     their spread). Where ``warm`` is False the first
     call may compile, and a fast case whose compiling takes over ``SLOW`` is timed once at
