@@ -64,9 +64,9 @@ def point(forward, forward_backward, repeats, warm):
     one forward + backward timing: at a new size it is not systematically slower than the
     next (measured on a 2-core Xeon for six of our cases and three of the peers', N = 512
     to 32768: the first of three calls fell on either side of the other two, or within
-    their spread). Where ``warm`` is False the first
-    call may compile, and a fast case whose compiling takes over ``SLOW`` is timed once at
-    that size. ``forward`` follows the forward + backward, which ran its code."""
+    their spread). Where ``warm`` is False the first call may compile, and a fast case
+    whose compiling takes over ``SLOW`` is timed once at that size. ``forward`` follows
+    the forward + backward, which ran its code."""
     first = once(forward_backward)
     reps = repeats if first < SLOW else 1
     fwd = seconds(forward, reps, warmup=0)
