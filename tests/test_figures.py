@@ -231,3 +231,21 @@ def test_main_makes_its_output_folder_before_the_first_step(monkeypatch, tmp_pat
     monkeypatch.setattr("linattn.lab.performance_page.write_page", lambda *a: "page")
     assert figures.main(["--quick", "--out", str(out)]) == 0
     assert seen == [True]
+
+
+def test_round_slopes_fit_each_round_on_its_own():
+    """The last round speeds up 2x between N = 1024 and 2048: the best time per point over
+    all rounds takes that bend (a slope of 0), the median of the rounds' slopes does not."""
+    ns = [256, 512, 1024, 2048]
+    rows = []
+    for r in range(5):
+        for n in ns:
+            factor = 0.5 if r == 4 and n == 2048 else 1.0
+            rows.append({"name": "linear", "n": n, "round": r, "seconds_fwd": factor * 1e-6 * n})
+    median, per_round = figures.round_slopes(rows, "linear", "seconds_fwd")
+    assert per_round[4] == pytest.approx(0.0) and median == pytest.approx(1.0)
+    best = [{"name": "linear", "n": n, "seconds_fwd": min(row["seconds_fwd"] for row in rows
+                                                         if row["n"] == n)} for n in ns]
+    assert figures.fitted_slope(best, "linear", "seconds_fwd") == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="every round"):
+        figures.round_slopes(rows[:1], "linear", "seconds_fwd")

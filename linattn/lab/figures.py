@@ -132,6 +132,20 @@ def fitted_slope(rows, name, key, x="n"):
     return None if series is None else slope(series[0], series[1])
 
 
+def round_slopes(rows, name, key, x="n"):
+    """(median, per round): ``fitted_slope`` of curve ``name`` fitted to each round's rows on
+    their own (rows carry a "round" column), and the median over the rounds. A machine that
+    changes speed in the middle of one round (a shared host can, by 1.5x for tens of
+    seconds) bends that round's line only, where the best time per point of all rounds would
+    mix its slow small sizes with its fast large ones."""
+    rounds = sorted({row["round"] for row in rows if row["name"] == name})
+    per_round = [fitted_slope([row for row in rows if row["round"] == r], name, key, x)
+                 for r in rounds]
+    if not per_round or None in per_round:
+        raise ValueError(f"round_slopes needs two sizes or more of {name!r} in every round")
+    return float(np.median(per_round)), per_round
+
+
 def _power(x):
     """x as 2^k when it is a power of two, else as a number."""
     k = math.log2(x)
