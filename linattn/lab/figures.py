@@ -127,7 +127,7 @@ def growth(xs, ys):
 
 def fitted_slope(rows, name, key, x="n"):
     """The slope the legend prints for curve ``name`` of column ``key`` against ``x``: log-log,
-    over the larger half of x (repeats at one x: their median). None with < 2 points."""
+    over the larger half of x (repeats at one x: their median). None with fewer than 3 xs."""
     series = _series([row for row in rows if row["name"] == name], x, key).get(str(name))
     return None if series is None else slope(series[0], series[1])
 
@@ -136,13 +136,13 @@ def round_slopes(rows, name, key, x="n"):
     """(median, per round): ``fitted_slope`` of curve ``name`` fitted to each round's rows on
     their own (rows carry a "round" column), and the median over the rounds. A machine that
     changes speed in the middle of one round (a shared host can, by 1.5x for tens of
-    seconds) bends that round's line only, where the best time per point of all rounds would
+    seconds) bends that round's line only, where the best time per point of all rounds can
     mix its slow small sizes with its fast large ones."""
     rounds = sorted({row["round"] for row in rows if row["name"] == name})
     per_round = [fitted_slope([row for row in rows if row["round"] == r], name, key, x)
                  for r in rounds]
     if not per_round or None in per_round:
-        raise ValueError(f"round_slopes needs two sizes or more of {name!r} in every round")
+        raise ValueError(f"round_slopes needs three sizes or more of {name!r} in every round")
     return float(np.median(per_round)), per_round
 
 
