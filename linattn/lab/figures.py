@@ -93,14 +93,16 @@ def _series(rows, x, y):
 
 
 def slope(xs, ys):
-    """The log-log slope of ys against xs, fitted over the larger half of xs (None if < 2)."""
+    """The log-log slope of ys against xs, fitted over the larger half of xs (None with fewer
+    than 3 xs: the larger half of 2 is 1)."""
     fit = slope_fit(xs, ys)
     return None if fit is None else fit[0]
 
 
 def slope_fit(xs, ys):
     """(slope, first x, last x): the log-log fit of ys against xs over the larger half of xs,
-    where the cost of the work outweighs a call's fixed overheads; None with < 2 points."""
+    where the cost of the work outweighs a call's fixed overheads; None where that half holds
+    fewer than 2 points (fewer than 3 xs)."""
     keep = xs >= np.median(xs)
     if keep.sum() < 2:
         return None
