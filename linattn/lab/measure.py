@@ -218,19 +218,20 @@ BENCH_NAMES = {"softmax numpy": "softmax (NumPy)", "softmax numba": "softmax (Nu
 PEER_NAMES = {"torch softmax": ("softmax (PyTorch SDPA)", "PyTorch"),
               "pft causal linear": ("causal linear (pytorch-fast-transformers)",
                                     "pytorch-fast-transformers")}
-# Figure 1 at the figures tier's size: N = 2^9 .. 2^16 at batch = max(1, 2^15 / N), so 2^15
-# tokens a call up to N = 2^15 and batch 1 from there. The paper keeps 2^16 tokens a call;
+# Figure 1 at the figures tier's size: N = 2^9 .. 2^16 at batch = max(1, 2^14 / N), so 2^14
+# tokens a call up to N = 2^14 and batch 1 from there. The paper keeps 2^16 tokens a call;
 # every form's work grows linearly in the batch, so the time and memory per sample are the
-# same, and each call below N = 2^16 does half the work. The README gives the command that
-# measures the paper's size.
-FIGURE1 = dict(min_n=2**9, max_n=2**16, tokens=2**15)
+# same, and each call below N = 2^14 does a quarter of the work. The README gives the command
+# that measures the paper's size.
+FIGURE1 = dict(min_n=2**9, max_n=2**16, tokens=2**14)
 
 
 # seconds: a curve of Figure 1 stops after its first forward + backward over all the tokens
 # that takes longer. Every call of a linear form does the same work (batch x N is fixed up to
-# N = 2^15), so this lets the NumPy forms run the whole range on a small machine and stops
-# the quadratic ones after a few doublings.
-FIGURE1_BUDGET = 7.5
+# N = 2^14), so this lets the NumPy forms run the whole range on a small machine and stops
+# the quadratic ones after a few doublings. A quarter of the paper's size's budget (the
+# README's command), as the tokens are: a curve stops at the same N below N = 2^14.
+FIGURE1_BUDGET = 3.75
 
 # rounds of the benchmark's head to head, in each instruction-set mode: each round takes
 # every pair in turn (the best of 3 calls each side natively, of the benchmark's default 5 in
@@ -245,8 +246,8 @@ NO_PEERS = ("none ran (add them with --peer-python PATH, or make figures PEER_PY
 
 def benchmark_rows(out_dir, quick=False, peer_python=None, budget=FIGURE1_BUDGET):
     """Run ``python -m linattn.lab.bench`` once into ``out_dir`` (bench.json, bench_*.csv,
-    bench.txt) on the cases of ``BENCH_NAMES``, in the shape of the paper's Figure 1 (at
-    half its tokens a call below N = 2^16): 8 heads,
+    bench.txt) on the cases of ``BENCH_NAMES``, in the shape of the paper's Figure 1 (a
+    quarter of its tokens a call up to N = 2^14, batch 1 from there): 8 heads,
     D = M = 64, float32, N = 2^9 .. 2^16 with the batch scaled so that batch x N =
     ``FIGURE1["tokens"]`` (batch at least 1), each case until one forward + backward takes
     ``budget`` seconds; the peers of ``PEER_NAMES`` too when ``peer_python`` (an
