@@ -149,6 +149,40 @@ def test_point_times_a_slow_call_once_and_a_warm_one_from_its_first(monkeypatch,
     assert both_median < 0.5 or (first_s > 0 and warm)
 
 
+def test_over_budget_gives_a_call_past_the_tokens_time_in_proportion():
+    from linattn.lab.bench.timing import over_budget
+    assert over_budget(3.0, 2.0, batch=2, n=8, tokens=16)          # T tokens' work: 2 s
+    assert not over_budget(3.0, 2.0, batch=1, n=32, tokens=16)     # twice the work: 4 s
+    assert over_budget(5.0, 2.0, batch=1, n=32, tokens=16)
+    assert not over_budget(7.9, 2.0, batch=1, n=64, tokens=16)     # four times: 8 s
+    assert over_budget(3.0, 2.0, batch=1, n=64)                    # no tokens: per call
+    assert not over_budget(2.0, 2.0, batch=1, n=64)
+
+
+def test_scaling_stops_past_the_tokens_at_the_proportional_budget(monkeypatch):
+    from types import SimpleNamespace
+
+    from tqdm import tqdm
+
+    from linattn.lab.bench import cases
+    seen = []
+
+    def measure(name, q, k, v, dout, repeats, pause, memory=True, warm=False):
+        n = q.shape[-2]
+        seen.append((name, n))
+        slow = {"causal numba": 3.0, "lsh-1 numba": 5.0}[name] if n == 32 else 0.0
+        return {"case": name, "n": n, "forward_backward_s": slow}
+
+    monkeypatch.setattr(cases, "measure", measure)
+    cfg = SimpleNamespace(ns=[8, 16, 32, 64], batch=1, tokens=16, heads=1, dim=2, value_dim=2,
+                          dtype="float32", cases=["causal numba", "lsh-1 numba"], repeats=3,
+                          pause=0.0, budget=2.0)
+    cases.scaling(cfg, tqdm(disable=True))
+    # at N = 32 (batch 1, twice 16 tokens' work) the budget is 4 s: 3 s goes on, 5 s stops
+    assert ("causal numba", 64) in seen and ("lsh-1 numba", 32) in seen
+    assert ("lsh-1 numba", 64) not in seen
+
+
 def test_scaling_calls_a_case_warm_from_its_second_size_on(monkeypatch):
     from types import SimpleNamespace
 

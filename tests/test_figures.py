@@ -161,7 +161,7 @@ def test_benchmark_step_runs_the_training_step_in_both_modes_unless_quick(
     (native into data/, AVX2 into data/avx2/); quick runs none of these subprocesses."""
     from linattn.lab import figures, measure
     calls = []
-    meta = {"machine": "m", "dtype": "float32", "budget": 1.0, "peers": "none"}
+    meta = {"machine": "m", "dtype": "float32", "budget": 1.0, "tokens": 64, "peers": "none"}
     monkeypatch.setattr(measure, "benchmark_rows", lambda *a: ([], [], meta))
     monkeypatch.setattr(measure, "avx2_head_to_head", lambda *a: calls.append(("bench",)))
     monkeypatch.setattr(measure, "train_step_head_to_head",

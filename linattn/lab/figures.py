@@ -422,8 +422,8 @@ def _benchmark(out, quick, caption, peer_python):
             measure.train_step_head_to_head(folder / "train_step.json", mode, peer_python)
     caption = (f"measured on {meta['machine']}; peers: {meta['peers']}\neach curve stops "
                f"after the first N at which one forward + backward call took over "
-               f"{meta['budget']:g} s (NumPy's softmax also where its N x N matrices would "
-               f"not fit in memory)")
+               f"{meta['budget']:g} s for {meta['tokens']} tokens' work (NumPy's softmax "
+               f"also where its N x N matrices would not fit in memory)")
     size = (f"8 heads, D = M = 64, {meta['dtype']}, batch = max(1, "
             f"{measure.FIGURE1['tokens']} / N)")
     if quick:

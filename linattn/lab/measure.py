@@ -226,11 +226,13 @@ PEER_NAMES = {"torch softmax": ("softmax (PyTorch SDPA)", "PyTorch"),
 FIGURE1 = dict(min_n=2**9, max_n=2**16, tokens=2**14)
 
 
-# seconds: a curve of Figure 1 stops after its first forward + backward over all the tokens
-# that takes longer. Every call of a linear form does the same work (batch x N is fixed up to
-# N = 2^14), so this lets the NumPy forms run the whole range on a small machine and stops
-# the quadratic ones after a few doublings. A quarter of the paper's size's budget (the
-# README's command), as the tokens are: a curve stops at the same N below N = 2^14.
+# seconds for FIGURE1["tokens"] tokens' work: a curve of Figure 1 stops after its first
+# forward + backward slower than this for its share of that work (``timing.over_budget``; a
+# call of batch 1 past N = 2^14 does N / 2^14 times the work and is allowed as much more
+# time). A quarter of the budget of the README's command at the paper's size (15 s for 2^16
+# tokens), as the tokens are a quarter: a curve that time stops ends at the same N at both
+# sizes on one machine. This lets the NumPy linear forms run the whole range on a small
+# machine and stops the quadratic ones after a few doublings.
 FIGURE1_BUDGET = 3.75
 
 # rounds of the benchmark's head to head, in each instruction-set mode: each round takes
@@ -264,7 +266,8 @@ def benchmark_rows(out_dir, quick=False, peer_python=None, budget=FIGURE1_BUDGET
     tokens : list of dict
         name, position, seconds_per_token.
     meta : dict
-        machine (CPU, cores, BLAS), dtype, budget and peers, for the figures' captions.
+        machine (CPU, cores, BLAS), dtype, budget, tokens (of the budget's work) and peers,
+        for the figures' captions.
     """
     from . import bench
 
@@ -286,6 +289,7 @@ def benchmark_rows(out_dir, quick=False, peer_python=None, budget=FIGURE1_BUDGET
                "seconds_per_token": r["seconds_per_token"]} for r in results["generation"]]
     return scaling, tokens, {"machine": machine_caption(results["machine"]),
                              "dtype": results["config"]["dtype"], "budget": budget,
+                             "tokens": results["config"]["tokens"],
                              "peers": (results.get("peers_note") or "none ran")
                              if peer_python else NO_PEERS}
 

@@ -67,7 +67,9 @@ def parse(argv):
     p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--rounds", type=positive_int, default=7, help="rounds of the head-to-head")
     p.add_argument("--budget", type=positive_float, default=30.0,
-                   help="seconds; a case stops growing N past one fwd+bwd this slow")
+                   help="seconds; a case stops growing N past one fwd+bwd this slow (with "
+                        "--tokens: this slow for TOKENS tokens' work, so a call of batch 1 "
+                        "past N = TOKENS gets N / TOKENS times as long)")
     p.add_argument("--pause", type=non_negative_float, default=0.25,
                    help="seconds of rest before each case, for idle threads to sleep")
     p.add_argument("--cases", nargs="+", default=list(cases.SCALING), choices=list(cases.CASES),

@@ -3,7 +3,8 @@ attention, the loops-versus-blocks crossover, and the cost of generating one tok
 
 Every case is a pair of closures over float arrays of shape (batch, heads, N, D): the forward
 (q, k, v), and the forward and backward as a training step runs them (q, k, v, dout). A case
-stops growing N once one forward + backward takes longer than the time budget, and softmax
+stops growing N once one forward + backward takes longer than the time budget (with
+``--tokens``, the budget of that many tokens' work: ``timing.over_budget``), and softmax
 on NumPy once its N x N matrices would not fit in memory. With ``--tokens T`` the batch
 shrinks as N grows, batch = max(1, T // N), as in the paper's Figure 1, so that time and
 memory per sample can be compared across N at a constant load (up to N = T; batch 1 beyond).
@@ -159,7 +160,8 @@ def measure(name, q, k, v, dout, repeats, pause, memory=True, warm=False):
 
 def scaling(cfg, progress):
     """Rows of ``measure`` for every case and N = 2^lo .. 2^hi, each case until it exceeds
-    ``cfg.budget`` seconds for one forward + backward."""
+    ``cfg.budget`` seconds for one forward + backward (with ``--tokens``, for that many
+    tokens' work: ``timing.over_budget``)."""
     rows, stopped = [], set()
     for n in cfg.ns:
         batch = batch_at(cfg, n)
@@ -176,7 +178,7 @@ def scaling(cfg, progress):
             row = measure(name, q, k, v, dout, cfg.repeats, cfg.pause, warm=warm)
             row["batch"] = batch
             rows.append(row)
-            if row["forward_backward_s"] > cfg.budget:
+            if timing.over_budget(row["forward_backward_s"], cfg.budget, batch, n, cfg.tokens):
                 stopped.add(name)
     return rows
 

@@ -17,7 +17,7 @@ import numpy as np
 
 # the sibling module, found through this script's folder: this script runs in the peers'
 # interpreter, which has no linattn installed
-from timing import peak_rss_bytes, point, seconds
+from timing import over_budget, peak_rss_bytes, point, seconds
 
 
 # the cases timed at every N (the others only in the head-to-head)
@@ -154,7 +154,7 @@ def main(config):
              row["forward_backward_best_s"]) = point(forward, both, config["repeats"], warm)
             row["peak_rss_bytes"] = peak_rss_bytes(both)
             result["scaling"].append(row)
-            if row["forward_backward_s"] > config["budget"]:
+            if over_budget(row["forward_backward_s"], config["budget"], batch, n, tokens):
                 stopped.add(name)
     return result
 

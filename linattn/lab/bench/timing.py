@@ -48,6 +48,16 @@ def once(f):
     return timeit.timeit(f, number=1)
 
 
+def over_budget(seconds, budget, batch, n, tokens=None):
+    """Whether a forward + backward of ``batch`` x ``n`` tokens that took ``seconds`` ends its
+    curve: over ``budget`` seconds a call, or, with ``tokens`` T (the batch max(1, T // n)),
+    over ``budget`` seconds for T tokens' work, so that a call of batch 1 past N = T, which
+    does N / T times that work, is allowed N / T times the budget. With T, a curve that time
+    stops ends at the same N whatever T is, given the budget in proportion."""
+    work = 1 if tokens is None else max(1, batch * n / tokens)
+    return seconds > budget * work
+
+
 # seconds: a benchmark call this slow is timed once (``point``); repeating its forward and
 # its forward + backward would cost tens of seconds a point, and over a minute at the
 # figure's slowest points
