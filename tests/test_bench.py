@@ -155,8 +155,19 @@ def test_over_budget_gives_a_call_past_the_tokens_time_in_proportion():
     assert not over_budget(3.0, 2.0, batch=1, n=32, tokens=16)     # twice the work: 4 s
     assert over_budget(5.0, 2.0, batch=1, n=32, tokens=16)
     assert not over_budget(7.9, 2.0, batch=1, n=64, tokens=16)     # four times: 8 s
+    assert not over_budget(1.9, 2.0, batch=2, n=8, tokens=16)      # up to N = T: per call
     assert over_budget(3.0, 2.0, batch=1, n=64)                    # no tokens: per call
     assert not over_budget(2.0, 2.0, batch=1, n=64)
+
+
+def test_over_budget_stops_at_the_same_n_for_four_times_the_tokens_and_budget():
+    from linattn.lab.bench.timing import over_budget
+    per_token = [1e-4, 2e-4, 3e-4]                     # seconds a token, at N = 2^9 .. 2^16
+    for s in per_token:
+        for n in (2**j for j in range(9, 17)):
+            small, big = max(1, 2**14 // n), max(1, 2**16 // n)
+            assert (over_budget(s * small * n, 3.75, small, n, 2**14)
+                    == over_budget(s * big * n, 15.0, big, n, 2**16)), (s, n)
 
 
 def test_scaling_stops_past_the_tokens_at_the_proportional_budget(monkeypatch):

@@ -220,19 +220,19 @@ PEER_NAMES = {"torch softmax": ("softmax (PyTorch SDPA)", "PyTorch"),
                                     "pytorch-fast-transformers")}
 # Figure 1 at the figures tier's size: N = 2^9 .. 2^16 at batch = max(1, 2^14 / N), so 2^14
 # tokens a call up to N = 2^14 and batch 1 from there. The paper keeps 2^16 tokens a call;
-# every form's work grows linearly in the batch, so the time and memory per sample are the
-# same, and each call below N = 2^14 does a quarter of the work. The README gives the command
-# that measures the paper's size.
+# every form's work grows linearly in the batch, so the time and memory per sample should
+# not depend on it (the README gives a measurement), and each call up to N = 2^14 does a
+# quarter of the work. The README gives the command that measures the paper's size.
 FIGURE1 = dict(min_n=2**9, max_n=2**16, tokens=2**14)
 
 
-# seconds for FIGURE1["tokens"] tokens' work: a curve of Figure 1 stops after its first
-# forward + backward slower than this for its share of that work (``timing.over_budget``; a
-# call of batch 1 past N = 2^14 does N / 2^14 times the work and is allowed as much more
-# time). A quarter of the budget of the README's command at the paper's size (15 s for 2^16
-# tokens), as the tokens are a quarter: a curve that time stops ends at the same N at both
-# sizes on one machine. This lets the NumPy linear forms run the whole range on a small
-# machine and stops the quadratic ones after a few doublings.
+# seconds for FIGURE1["tokens"] tokens: a curve of Figure 1 stops after its first forward +
+# backward slower than 3.75 s / 2^14 a token (``timing.over_budget``; a call of batch 1 past
+# N = 2^14 is allowed N / 2^14 times 3.75 s). The README's command at the paper's size gives
+# 15 s for 2^16 tokens, the same time a token: where the time per token does not depend on
+# the batch, a curve that time stops ends at the same N at both sizes. This lets NumPy's
+# chunked linear form run the whole range on a small machine and stops the quadratic ones
+# after a few doublings.
 FIGURE1_BUDGET = 3.75
 
 # rounds of the benchmark's head to head, in each instruction-set mode: each round takes
@@ -252,7 +252,8 @@ def benchmark_rows(out_dir, quick=False, peer_python=None, budget=FIGURE1_BUDGET
     quarter of its tokens a call up to N = 2^14, batch 1 from there): 8 heads,
     D = M = 64, float32, N = 2^9 .. 2^16 with the batch scaled so that batch x N =
     ``FIGURE1["tokens"]`` (batch at least 1), each case until one forward + backward takes
-    ``budget`` seconds; the peers of ``PEER_NAMES`` too when ``peer_python`` (an
+    over ``budget`` seconds for that many tokens (``timing.over_budget``; quick: the
+    benchmark's own quick budget); the peers of ``PEER_NAMES`` too when ``peer_python`` (an
     interpreter with torch and pytorch-fast-transformers) is given. Quick: N up to 1024 and
     2048 tokens, no peers.
 
@@ -288,7 +289,8 @@ def benchmark_rows(out_dir, quick=False, peer_python=None, budget=FIGURE1_BUDGET
     tokens = [{"name": BENCH_NAMES[r["case"]], "position": r["position"],
                "seconds_per_token": r["seconds_per_token"]} for r in results["generation"]]
     return scaling, tokens, {"machine": machine_caption(results["machine"]),
-                             "dtype": results["config"]["dtype"], "budget": budget,
+                             "dtype": results["config"]["dtype"],
+                             "budget": results["config"]["budget"],
                              "tokens": results["config"]["tokens"],
                              "peers": (results.get("peers_note") or "none ran")
                              if peer_python else NO_PEERS}

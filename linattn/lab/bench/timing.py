@@ -12,6 +12,8 @@
 - ``interleaved``: best times of several calls taken in turn, for ratios that a shared
   machine's load would otherwise tilt; ``blas_limiter`` sets the BLAS threads (NumPy's and
   SciPy's) for it.
+- ``over_budget``: whether a benchmark point ends its curve (a time budget a call, or a
+  token).
 - ``peak_bytes``: the largest amount of memory a call holds beyond what existed before it
   (``tracemalloc`` sees every NumPy array, including those the kernels write into, and the
   buffers Numba allocates inside a compiled loop, which go through Python's allocator too).
@@ -50,12 +52,12 @@ def once(f):
 
 def over_budget(seconds, budget, batch, n, tokens=None):
     """Whether a forward + backward of ``batch`` x ``n`` tokens that took ``seconds`` ends its
-    curve: over ``budget`` seconds a call, or, with ``tokens`` T (the batch max(1, T // n)),
-    over ``budget`` seconds for T tokens' work, so that a call of batch 1 past N = T, which
-    does N / T times that work, is allowed N / T times the budget. With T, a curve that time
-    stops ends at the same N whatever T is, given the budget in proportion."""
-    work = 1 if tokens is None else max(1, batch * n / tokens)
-    return seconds > budget * work
+    curve: over ``budget`` seconds a call, or, with ``tokens`` T, over budget / T seconds a
+    token (a call of batch 1 past N = T is allowed N / T times the budget). With T, runs of
+    different T and the budget in proportion stop a curve at the same N where its time per
+    token does not depend on the batch."""
+    calls = 1 if tokens is None else batch * n / tokens      # the budget's share of the call
+    return seconds > budget * calls
 
 
 # seconds: a benchmark call this slow is timed once (``point``); repeating its forward and
