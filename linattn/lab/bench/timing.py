@@ -56,8 +56,8 @@ def over_budget(seconds, budget, batch, n, tokens=None):
     token (a call of batch 1 past N = T is allowed N / T times the budget). With T, runs of
     different T and the budget in proportion stop a curve at the same N where its time per
     token does not depend on the batch."""
-    calls = 1 if tokens is None else batch * n / tokens      # the budget's share of the call
-    return seconds > budget * calls
+    budgets = 1 if tokens is None else batch * n / tokens    # the call's tokens, in units of T
+    return seconds > budget * budgets
 
 
 # seconds: a benchmark call this slow is timed once (``point``); repeating its forward and
