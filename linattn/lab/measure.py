@@ -236,9 +236,16 @@ FIGURE1 = dict(min_n=2**9, max_n=2**16, tokens=2**14)
 FIGURE1_BUDGET = 3.75
 
 # rounds of the benchmark's head to head, in each instruction-set mode: each round takes
-# every pair in turn (the best of 3 calls each side natively, of the benchmark's default 5 in
-# AVX2 mode), and the summary takes the median over the rounds
+# every pair in turn, and the summary takes the median over the rounds
 HEAD_TO_HEAD_ROUNDS = 3
+# calls per timing, in both modes: the best of them for each side of a head-to-head pair, and
+# their median at each point of Figure 1's curves (native run)
+BENCH_REPEATS = 3
+# the cases the AVX2 run measures at N = 4096: our side of every head-to-head pair (the
+# non-causal softmax is always in the head to head), "causal numba" also giving the summary's
+# peak memory. The others' N = 4096 points are in the native run; the AVX2 run's summary
+# needs none of them.
+AVX2_CASES = ("causal numba", "softmax numba", "lsh-1 numba", "lsh-4 numba")
 
 
 # what the captions and the output say when no peer ran because none was asked for
@@ -276,7 +283,8 @@ def benchmark_rows(out_dir, quick=False, peer_python=None, budget=FIGURE1_BUDGET
             *(c for c in BENCH_NAMES if c in bench.cases.CASES), "--budget", str(budget),
             "--tokens", str(FIGURE1["tokens"]), "--min-n", str(FIGURE1["min_n"])]
     args += ["--peer-python", peer_python] if peer_python else ["--no-peers"]
-    args += ["--quick"] if quick else ["--max-n", str(FIGURE1["max_n"]), "--repeats", "3",
+    args += ["--quick"] if quick else ["--max-n", str(FIGURE1["max_n"]), "--repeats",
+                                       str(BENCH_REPEATS),
                                        "--gen-positions", "4096", "--rounds",
                                        str(HEAD_TO_HEAD_ROUNDS)]
     bench.main(args)
@@ -300,14 +308,15 @@ def avx2_head_to_head(out_dir, peer_python=None, rounds=HEAD_TO_HEAD_ROUNDS):
     """The benchmark's head-to-head rounds again, every side held to the AVX2 instruction set
     (``isa``; Numba compiles its kernels once more for that target), into ``out_dir``
     (bench.json and bench.txt): the ratios as an AVX2-only CPU gives them, beside the native
-    run's. Only N = 4096 (the head-to-head's), no crossover; the peers when ``peer_python``
-    is given. Returns the path of bench.json."""
+    run's. Only N = 4096 (the head-to-head's), the cases of ``AVX2_CASES``, no crossover;
+    the peers when ``peer_python`` is given. Returns the path of bench.json."""
     import subprocess
     import sys
 
     args = [sys.executable, "-m", "linattn.lab.bench", "--isa", "avx2", "--out", str(out_dir),
             "--min-n", "4096", "--max-n", "4096", "--widths", "--gen-positions", "1024",
-            "--rounds", str(rounds), "--no-progress"]
+            "--rounds", str(rounds), "--repeats", str(BENCH_REPEATS), "--cases",
+            *AVX2_CASES, "--no-progress"]
     args += ["--peer-python", peer_python] if peer_python else ["--no-peers"]
     subprocess.run(args, check=True, env=isa.environment("avx2"), stdout=subprocess.DEVNULL)
     return os.path.join(out_dir, "bench.json")
