@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from helpers import assert_gradients_match
-from linattn.model.speech.ctc import (ctc_loss, ctc_loss_backward, edit_distance, greedy_decode,
-                               phoneme_error_rate)
+from linattn.model.speech.ctc import (ctc_loss, ctc_loss_and_backward, ctc_loss_backward,
+                                      edit_distance, greedy_decode, phoneme_error_rate)
 
 
 def _collapse(path, blank):
@@ -135,6 +135,22 @@ def test_batch_equals_each_utterance_alone_and_ignores_padding():
             rtol=1e-10, atol=1e-14)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_loss_and_backward_together_equal_the_two_calls_bit_for_bit(dtype):
+    """One lattice for both: ragged frames and labels, an impossible utterance (3 labels in
+    2 frames), repeated labels, and a per-utterance dnll."""
+    rng = np.random.default_rng(7)
+    logits = (3 * rng.standard_normal((4, 11, 5))).astype(dtype)
+    lengths, labels = np.array([11, 6, 2, 9]), rng.integers(1, 5, (4, 4))
+    labels[3, :3] = 2
+    label_lengths, dnll = np.array([4, 2, 3, 3]), rng.standard_normal(4)
+    nll, grad = ctc_loss_and_backward(dnll, logits, lengths, labels, label_lengths)
+    assert np.isinf(nll[2]) and nll.dtype == grad.dtype == dtype
+    np.testing.assert_array_equal(nll, ctc_loss(logits, lengths, labels, label_lengths))
+    np.testing.assert_array_equal(
+        grad, ctc_loss_backward(dnll, logits, lengths, labels, label_lengths))
+
+
 def test_large_logits_do_not_overflow_and_nan_propagates():
     logits = np.random.default_rng(5).standard_normal((1, 6, 4)) * 1e4
     assert np.isfinite(ctc_loss(logits, [6], [[1, 2]], [2])[0])
@@ -169,11 +185,15 @@ def test_bad_inputs_are_named(change, match):
         ctc_loss(**kw, blank=blank)
     with pytest.raises((ValueError, TypeError), match=match):
         ctc_loss_backward(np.ones(2), **kw, blank=blank)
+    with pytest.raises((ValueError, TypeError), match=match):
+        ctc_loss_and_backward(np.ones(2), **kw, blank=blank)
 
 
 def test_backward_checks_dnll_shape():
     with pytest.raises(ValueError, match="dnll must have shape"):
         ctc_loss_backward(np.ones(3), **GOOD)
+    with pytest.raises(ValueError, match="dnll must have shape"):
+        ctc_loss_and_backward(np.ones(3), **GOOD)
 
 
 def test_greedy_decode_collapses_runs_and_drops_blanks():

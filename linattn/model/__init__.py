@@ -19,8 +19,8 @@ The speech experiment (section 4.3), on SYNTHETIC data, is the subpackage ``spee
 """
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .config import ModelConfig
-from .speech.ctc import (ctc_loss, ctc_loss_backward, edit_distance, greedy_decode,
-                         phoneme_error_rate)
+from .speech.ctc import (ctc_loss, ctc_loss_and_backward, ctc_loss_backward, edit_distance,
+                         greedy_decode, phoneme_error_rate)
 from .generate import generate
 from .optim import AdamConfig, AdamState, adam_init
 from .paths import PATHS, adam_update, loss_and_grads
@@ -37,7 +37,8 @@ __all__ = [
     "save_checkpoint", "load_checkpoint", "CheckpointError",
     "TrainConfig", "run", "evaluate", "read_log", "copy_task_curves", "generate",
     "CopyTask", "DigitsTask", "load_digits",
-    "ctc_loss", "ctc_loss_backward", "greedy_decode", "edit_distance", "phoneme_error_rate",
+    "ctc_loss", "ctc_loss_backward", "ctc_loss_and_backward", "greedy_decode", "edit_distance",
+    "phoneme_error_rate",
     "SpeechConfig", "SpeechTask", "trivial_per", "SpeechTrainConfig", "run_speech",
     "evaluate_per", "speech_curves",
 ]

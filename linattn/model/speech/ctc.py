@@ -217,6 +217,15 @@ def ctc_loss_backward(dnll, logits, input_lengths, labels, label_lengths, *, bla
 
     Cost: O(B T C L_max) time (the occupancies summed per class), O(B T L_max) memory.
     """
+    return ctc_loss_and_backward(dnll, logits, input_lengths, labels, label_lengths,
+                                 blank=blank)[1]
+
+
+def ctc_loss_and_backward(dnll, logits, input_lengths, labels, label_lengths, *, blank=0):
+    """``(ctc_loss(...), ctc_loss_backward(dnll, ...))`` from one forward-backward lattice:
+    the same arrays, bit for bit, at the cost of one of the two calls (a training step
+    needs both, and ``dnll`` does not depend on the loss). Arguments as for
+    ``ctc_loss_backward``; returns nll (B,) and dlogits (B, T, C), in the logits' dtype."""
     logits, input_lengths, labels, label_lengths = check_ctc(
         logits, input_lengths, labels, label_lengths, blank)
     dnll = _checks.as_float_array("dnll", dnll)
@@ -233,7 +242,7 @@ def ctc_loss_backward(dnll, logits, input_lengths, labels, label_lengths, *, bla
     alive = np.arange(logits.shape[1])[None, :] < input_lengths[:, None]
     keep = alive[:, :, None] & possible[:, None, None]
     dlogits = np.where(keep, grad * dnll.astype(np.float64)[:, None, None], 0.0)
-    return dlogits.astype(logits.dtype)
+    return (-log_p).astype(logits.dtype), dlogits.astype(logits.dtype)
 
 
 def greedy_decode(logits, input_lengths, blank=0):

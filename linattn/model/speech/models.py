@@ -16,7 +16,7 @@ import numpy as np
 
 from . import encoder, lstm
 from ..config import ATTENTIONS, DTYPES, ModelConfig, check_config
-from .ctc import ctc_loss, ctc_loss_backward, greedy_decode
+from .ctc import ctc_loss_and_backward, greedy_decode
 from ..layers import ACTIVATIONS
 
 MODELS = ("linear", "softmax", "lsh", "bilstm")
@@ -176,11 +176,10 @@ def loss_and_grads(params, cfg, batch, path="lean"):
     grads : dict, shaped like params
     """
     logits, cache = forward(params, cfg, batch.features, batch.input_lengths, path)
-    nll = ctc_loss(logits, batch.input_lengths, batch.labels, batch.label_lengths)
     n_labels = max(int(np.sum(batch.label_lengths)), 1)
-    dnll = np.full(nll.shape, 1.0 / n_labels, dtype=logits.dtype)
-    dlogits = ctc_loss_backward(dnll, logits, batch.input_lengths, batch.labels,
-                                batch.label_lengths)
+    dnll = np.full(logits.shape[0], 1.0 / n_labels, dtype=logits.dtype)
+    nll, dlogits = ctc_loss_and_backward(dnll, logits, batch.input_lengths, batch.labels,
+                                         batch.label_lengths)
     _, grads = backward(dlogits, params, cfg, batch.features, batch.input_lengths, cache,
                         path)
     return float(np.sum(nll, dtype=np.float64) / n_labels), grads
