@@ -176,18 +176,19 @@ def test_benchmark_step_runs_the_training_step_in_both_modes_unless_quick(
 
 
 def test_avx2_run_times_every_head_to_head_pair_as_the_native_run_does(monkeypatch, tmp_path):
-    """The AVX2 run's arguments parse, hold every side to AVX2, and keep our side of every
-    pair of the head to head (so each ratio of the native summary has its AVX2 twin) and the
-    case the summary's memory row reads, with as many calls a timing as the native run."""
+    """The AVX2 run's arguments parse, it runs in the AVX2 mode's environment, and it keeps
+    our side of every pair of the head to head (so each ratio of the native summary has its
+    AVX2 twin) and the case the summary's memory row reads, with as many calls a timing as
+    the native run."""
     import subprocess
     import sys
 
-    from linattn.lab import bench, measure
+    from linattn.lab import bench, isa, measure
     seen = {}
     monkeypatch.setattr(subprocess, "run", lambda args, **kw: seen.update(args=args, **kw))
     measure.avx2_head_to_head(tmp_path, sys.executable)
     assert seen["args"][1:3] == ["-m", "linattn.lab.bench"]
-    assert seen["env"]["NUMBA_CPU_NAME"] == "haswell"
+    assert seen["env"] == isa.environment("avx2")
     cfg = bench.parse(seen["args"][3:])
     assert cfg.isa == "avx2" and cfg.ns == [4096] and cfg.widths == []
     assert cfg.repeats == measure.BENCH_REPEATS and cfg.rounds == measure.HEAD_TO_HEAD_ROUNDS

@@ -217,3 +217,16 @@ def test_cli_rnn_only_passes_the_rnn_forms(monkeypatch):
     monkeypatch.setattr(speed, "speed_table", fake_table)
     assert speed_main(["--rnn-only", "--batch", "1", "--rounds", "1"]) == 0
     assert seen["forms"] == speed.RNN_FORMS
+
+
+@pytest.mark.parametrize("budget_s, measured", [(29.0, False), (30.0, True)])
+def test_recompute_is_measured_only_when_every_round_fits_the_budget(monkeypatch, budget_s,
+                                                                     measured):
+    """Estimated at 10 s an image, 3 rounds take 30 s: measured with a budget of 30 s, not
+    29 (the estimate alone, 10 s, fits both)."""
+    monkeypatch.setattr(speed, "generate", lambda *a, **k: None)
+    monkeypatch.setattr(speed, "estimate_seconds", lambda *a, **k: 10.0)
+    monkeypatch.setattr(speed, "_timed", lambda f, rounds: 7.0)
+    params, cfg = None, type("Cfg", (), {"vocab_size": 8})()
+    got = speed.form_seconds(params, cfg, "recompute", 1, 6, 3, budget_s)
+    assert got == ((7.0, True) if measured else (10.0, False))

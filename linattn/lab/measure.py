@@ -238,13 +238,14 @@ FIGURE1_BUDGET = 3.75
 # rounds of the benchmark's head to head, in each instruction-set mode: each round takes
 # every pair in turn, and the summary takes the median over the rounds
 HEAD_TO_HEAD_ROUNDS = 3
-# calls per timing, in both modes: the best of them for each side of a head-to-head pair, and
-# their median at each point of Figure 1's curves (native run)
+# --repeats of both benchmark runs: calls a timing, the best of them for each side of a
+# head-to-head pair, and at each point of Figure 1's curves their median (one call where the
+# first took over timing.SLOW); the generation and thread timings also count by it
 BENCH_REPEATS = 3
-# the cases the AVX2 run measures at N = 4096: our side of every head-to-head pair (the
-# non-causal softmax is always in the head to head), "causal numba" also giving the summary's
-# peak memory. The others' N = 4096 points are in the native run; the AVX2 run's summary
-# needs none of them.
+# our scaling cases in the AVX2 run, at N = 4096 only: our side of every head-to-head pair
+# (the non-causal softmax is always in the head to head), "causal numba" also giving the
+# summary's peak memory. The summary reads no other scaling case; the figures' curves come
+# from the native run.
 AVX2_CASES = ("causal numba", "softmax numba", "lsh-1 numba", "lsh-4 numba")
 
 

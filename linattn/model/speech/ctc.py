@@ -223,8 +223,8 @@ def ctc_loss_backward(dnll, logits, input_lengths, labels, label_lengths, *, bla
 
 def ctc_loss_and_backward(dnll, logits, input_lengths, labels, label_lengths, *, blank=0):
     """``(ctc_loss(...), ctc_loss_backward(dnll, ...))`` from one forward-backward lattice:
-    the same arrays, bit for bit, at the cost of one of the two calls (a training step
-    needs both, and ``dnll`` does not depend on the loss). Arguments as for
+    the same arrays, bit for bit, at the cost of ``ctc_loss_backward`` alone (a training
+    step needs both, and its ``dnll`` does not depend on the loss). Arguments as for
     ``ctc_loss_backward``; returns nll (B,) and dlogits (B, T, C), in the logits' dtype."""
     logits, input_lengths, labels, label_lengths = check_ctc(
         logits, input_lengths, labels, label_lengths, blank)
