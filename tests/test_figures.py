@@ -177,9 +177,8 @@ def test_benchmark_step_runs_the_training_step_in_both_modes_unless_quick(
 
 def test_avx2_run_times_every_head_to_head_pair_as_the_native_run_does(monkeypatch, tmp_path):
     """The AVX2 run's arguments parse, it runs in the AVX2 mode's environment, and it keeps
-    our side of every pair of the head to head (so each ratio of the native summary has its
-    AVX2 twin) and the case the summary's memory row reads, with as many calls a timing as
-    the native run."""
+    our side of every pair of the head to head (so each head-to-head ratio of the native
+    summary has its AVX2 twin), with as many calls a timing as the native run."""
     import subprocess
     import sys
 
@@ -195,6 +194,17 @@ def test_avx2_run_times_every_head_to_head_pair_as_the_native_run_does(monkeypat
     timed = set(cfg.cases) | set(bench.cases.ALWAYS_HEAD_TO_HEAD)
     assert {ours for ours, _ in bench.cases.PAIRS} <= timed
     assert "causal numba" in cfg.cases
+
+    class Stop(Exception):
+        pass
+
+    def main(args):
+        seen["native"] = bench.parse(args)
+        raise Stop
+    monkeypatch.setattr(bench, "main", main)
+    with pytest.raises(Stop):
+        measure.benchmark_rows(tmp_path)
+    assert seen["native"].repeats == cfg.repeats
 
 
 @pytest.mark.parametrize("quick", [True, False])

@@ -138,8 +138,8 @@ def test_batch_equals_each_utterance_alone_and_ignores_padding():
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_loss_and_backward_together_give_the_loss_bit_for_bit(dtype):
     """The loss of the one lattice is ``ctc_loss``'s, bit for bit: ragged frames and labels,
-    an impossible utterance (3 labels in 2 frames), repeated labels. (The gradient half is
-    ``ctc_loss_backward``'s own code; the next test holds it to finite differences.)"""
+    an impossible utterance (3 labels in 2 frames), repeated labels. (``ctc_loss_backward``
+    returns this function's gradient; the next test holds it to finite differences.)"""
     rng = np.random.default_rng(7)
     logits = (3 * rng.standard_normal((4, 11, 5))).astype(dtype)
     lengths, labels = np.array([11, 6, 2, 9]), rng.integers(1, 5, (4, 4))

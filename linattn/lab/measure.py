@@ -238,14 +238,15 @@ FIGURE1_BUDGET = 3.75
 # rounds of the benchmark's head to head, in each instruction-set mode: each round takes
 # every pair in turn, and the summary takes the median over the rounds
 HEAD_TO_HEAD_ROUNDS = 3
-# --repeats of both benchmark runs: calls a timing, the best of them for each side of a
-# head-to-head pair, and at each point of Figure 1's curves their median (one call where the
-# first took over timing.SLOW); the generation and thread timings also count by it
+# --repeats of both full benchmark runs (quick runs take the benchmark's own): the calls a
+# timing, the best of them for each side of a head-to-head pair, and at each point of
+# Figure 1's curves their median (one call where the first took over timing.SLOW); other
+# timings of the benchmark count by it too (``linattn.lab.bench``)
 BENCH_REPEATS = 3
-# our scaling cases in the AVX2 run, at N = 4096 only: our side of every head-to-head pair
-# (the non-causal softmax is always in the head to head), "causal numba" also giving the
-# summary's peak memory. The summary reads no other scaling case; the figures' curves come
-# from the native run.
+# our scaling cases in the AVX2 run, at N = 4096 only. The head to head times our side of a
+# pair only where it is a scaling case or in cases.ALWAYS_HEAD_TO_HEAD, so these are ours of
+# every pair (the non-causal softmax is always there). The AVX2 summary reads no other
+# scaling case, and the figures' curves come from the native run.
 AVX2_CASES = ("causal numba", "softmax numba", "lsh-1 numba", "lsh-4 numba")
 
 

@@ -14,9 +14,9 @@ form calls ``generate``; the three rows differ only in ``method``:
 - ``"cache"``: softmax attention with a key/value cache (the paper's "stateful-softmax",
   appendix C.1, Table 4), O(t) per token at position t;
 - ``"recompute"``: softmax attention running the whole prefix again for each token (what
-  Tables 1-2 compare with), O(t^2) per token. At the paper's shape it takes many minutes, so
-  it is estimated (``estimate_seconds``) unless measuring it, every round, fits the budget;
-  each row says which.
+  Tables 1-2 compare with), O(t^2) per token. At the paper's shape an image takes over a
+  minute at batch 1, so it is estimated (``estimate_seconds``) unless measuring it, every
+  round, fits the budget (at each batch on its own); each row says which.
 
 Timing only; correctness is in the tests. Both sides run on ``THREADS`` threads.
 """
@@ -180,8 +180,9 @@ def speed_table(batches=(1, 16), rounds=3, peer_python=None, budget_s=60.0, shap
     peer_python : str or None
         An interpreter with torch and pytorch-fast-transformers: adds pft's RNN rows.
     budget_s : float
-        Seconds for measuring the recomputing form: it is measured when ``rounds``
-        generations take at most this by its estimate, else estimated.
+        The recomputing form is measured, at each batch, when its ``rounds`` generations
+        take at most this many seconds by its estimate, else estimated (the single tokens
+        the estimate times are spent either way).
     shape : dict or None
         ``ModelConfig`` sizes (default ``MNIST``); ``n`` tokens per image.
     forms : sequence of (attention, method)
