@@ -178,7 +178,8 @@ def test_benchmark_step_runs_the_training_step_in_both_modes_unless_quick(
 def test_avx2_run_times_every_head_to_head_pair_as_the_native_run_does(monkeypatch, tmp_path):
     """The AVX2 run's arguments parse, it runs in the AVX2 mode's environment, and it keeps
     our side of every pair of the head to head (so each head-to-head ratio of the native
-    summary has its AVX2 twin), with as many calls a timing as the native run."""
+    summary has its AVX2 twin) and the headline case as a scaling point, with as many calls a
+    timing as the native run."""
     import subprocess
     import sys
 

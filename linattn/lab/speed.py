@@ -14,8 +14,8 @@ form calls ``generate``; the three rows differ only in ``method``:
 - ``"cache"``: softmax attention with a key/value cache (the paper's "stateful-softmax",
   appendix C.1, Table 4), O(t) per token at position t;
 - ``"recompute"``: softmax attention running the whole prefix again for each token (what
-  Tables 1-2 compare with), O(t^2) per token. At the paper's shape an image takes over a
-  minute at batch 1, so it is estimated (``estimate_seconds``) unless measuring it, every
+  Tables 1-2 compare with), O(t^2) per token. At the paper's shape a generation takes
+  minutes on a small machine, so it is estimated (``estimate_seconds``) unless measuring it, every
   round, fits the budget (at each batch on its own); each row says which.
 
 Timing only; correctness is in the tests. Both sides run on ``THREADS`` threads.
