@@ -23,8 +23,10 @@ $(VENV)/installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,notebooks,digits]'
 	touch $@
 
-figures: $(VENV)/installed notebooks
+# the notebooks after the figures: notebook 10 reads figures/speech_table.csv and its figure
+figures: $(VENV)/installed
 	$(PY) -m linattn.lab.figures $(if $(PEER_PYTHON),--peer-python $(PEER_PYTHON))
+	$(MAKE) --no-print-directory notebooks
 
 paper: $(VENV)/installed
 	$(PY) -m linattn.lab.paper

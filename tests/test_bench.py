@@ -59,6 +59,13 @@ def test_bench_rejects_no_rounds():
         main(["bench", "--isa", "sse"])
 
 
+def test_bench_refuses_the_avx2_mode_on_a_cpu_without_avx2(monkeypatch):
+    from linattn.lab import bench, isa
+    monkeypatch.setattr(isa, "cpu_flags", lambda: ())
+    with pytest.raises(SystemExit, match="reports no AVX2"):
+        bench.main(["--isa", "avx2"])
+
+
 def test_interleaved_takes_calls_in_turn_each_after_an_untimed_one():
     log = []
     slow_once = iter([0.05])                 # only the first call of "a" is slow

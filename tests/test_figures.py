@@ -157,9 +157,11 @@ def test_generation_speed_rejects_rows_without_a_batch(tmp_path):
 @pytest.mark.parametrize("quick", [True, False])
 def test_benchmark_step_runs_the_training_step_in_both_modes_unless_quick(
         monkeypatch, tmp_path, quick):
-    """Not quick, ``_benchmark`` adds the AVX2 head to head and one training step per mode
-    (native into data/, AVX2 into data/avx2/); quick runs none of these subprocesses."""
-    from linattn.lab import figures, measure
+    """Not quick, on a CPU with AVX-512, ``_benchmark`` adds the AVX2 head to head and one
+    training step per mode (native into data/, AVX2 into data/avx2/); quick runs none of
+    these subprocesses."""
+    from linattn.lab import figures, isa, measure
+    monkeypatch.setattr(isa, "avx2_mode_adds", lambda: True)
     calls = []
     meta = {"machine": "m", "dtype": "float32", "budget": 1.0, "tokens": 64, "peers": "none"}
     monkeypatch.setattr(measure, "benchmark_rows", lambda *a: ([], [], meta))
@@ -173,6 +175,36 @@ def test_benchmark_step_runs_the_training_step_in_both_modes_unless_quick(
                              (tmp_path / "data" / "train_step.json", "native", "PEER"),
                              (tmp_path / "data" / "avx2" / "train_step.json", "avx2", "PEER")]
     assert calls == want
+
+
+def test_a_cpu_without_avx512_is_measured_once_and_loses_older_avx2_files(monkeypatch,
+                                                                          tmp_path):
+    """Where the AVX2 mode would repeat the native run (``isa.avx2_mode_adds`` False), the
+    benchmark and generation steps run the native measurements only and remove the AVX2
+    files an earlier run left (another machine's, perhaps), then the empty folder."""
+    from linattn.lab import figures, isa, measure, speed
+    monkeypatch.setattr(isa, "avx2_mode_adds", lambda: False)
+    calls = []
+    meta = {"machine": "m", "dtype": "float32", "budget": 1.0, "tokens": 64, "peers": "none"}
+    monkeypatch.setattr(measure, "benchmark_rows", lambda *a: ([], [], meta))
+    monkeypatch.setattr(measure, "avx2_head_to_head", lambda *a: calls.append(("bench",)))
+    monkeypatch.setattr(measure, "avx2_generation", lambda *a: calls.append(("generation",)))
+    monkeypatch.setattr(measure, "train_step_head_to_head",
+                        lambda path, mode, peer: calls.append((path, mode, peer)))
+    monkeypatch.setattr(speed, "speed_table", lambda **kw: ([], {}))
+    monkeypatch.setattr(figures, "generation_figure", lambda rows, meta, out: ())
+    for draw in ("time_vs_n", "memory_vs_n", "time_per_token"):
+        monkeypatch.setattr(figures, draw, lambda *a, **k: ())
+    old = tmp_path / "data" / "avx2"
+    old.mkdir(parents=True)
+    for name in ("bench.json", "bench.txt", "bench_scaling.csv", "train_step.json",
+                 "generation_speed.csv"):
+        (old / name).write_text("an earlier run's")
+    figures._benchmark(tmp_path, False, "c", "PEER")
+    assert calls == [(tmp_path / "data" / "train_step.json", "native", "PEER")]
+    assert sorted(p.name for p in old.iterdir()) == ["generation_speed.csv"]
+    figures._generation(tmp_path, False, "c", "PEER")
+    assert len(calls) == 1 and not old.exists()
 
 
 def test_avx2_run_times_every_head_to_head_pair_as_the_native_run_does(monkeypatch, tmp_path):
@@ -210,7 +242,8 @@ def test_avx2_run_times_every_head_to_head_pair_as_the_native_run_does(monkeypat
 
 @pytest.mark.parametrize("quick", [True, False])
 def test_generation_step_runs_the_avx2_rnns_unless_quick(monkeypatch, tmp_path, quick):
-    from linattn.lab import figures, measure, speed
+    from linattn.lab import figures, isa, measure, speed
+    monkeypatch.setattr(isa, "avx2_mode_adds", lambda: True)
     calls = []
     monkeypatch.setattr(speed, "speed_table", lambda **kw: ([], {}))
     monkeypatch.setattr(measure, "avx2_generation", lambda *a: calls.append(a))

@@ -62,3 +62,12 @@ def test_label_names_the_mode():
                       "openblas_coretype": "Haswell"}).startswith("AVX2 mode")
     assert "with AVX-512" in isa.label({"mode": "native", "numba_cpu": "znver4",
                                         "numba_avx512": True})
+
+
+def test_the_avx2_mode_adds_a_measurement_only_on_an_avx512_cpu():
+    """On a CPU whose widest vectors are AVX2's the native run is the AVX2 run; a CPU
+    without AVX2 (an ARM one: no flags) cannot run the mode's code."""
+    assert isa.avx2_mode_adds(("avx512f", "avx2", "fma", "avx"))
+    assert not isa.avx2_mode_adds(("avx2", "fma", "avx"))
+    assert not isa.avx2_mode_adds(())
+    assert isa.avx2_mode_adds() == ("avx512f" in isa.cpu_flags())

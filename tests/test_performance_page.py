@@ -106,6 +106,43 @@ def test_generation_ratios_native_and_avx2_side_by_side(tmp_path):
             "(numba haswell, OpenBLAS Haswell) |") in page
 
 
+def _bench_json(figures_dir, flags):
+    """A data/bench.json that records only what ``_no_avx2_mode`` reads: a native run on a
+    CPU with ``flags``."""
+    import json
+    path = figures_dir / "data" / "bench.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": {"instruction_set": {
+        "mode": "native", "cpu_flags": list(flags), "numba_cpu": "znver3",
+        "numba_avx512": "avx512f" in flags}}}))
+
+
+def test_a_cpu_without_avx512_shows_its_native_run_as_the_avx2_run(tmp_path):
+    """No AVX2-mode files from a CPU with AVX2 and no AVX-512: each section says its native
+    run is the AVX2 run, and its tables have the native column only."""
+    _bench_json(tmp_path, ("avx2", "fma", "avx"))
+    _train_step_json(tmp_path / "data" / "train_step.json", "native", 1.5, "AVX2")
+    _generation_csv(tmp_path / "generation_speed.csv", 2.0, 3.0,
+                    {"instruction_set": "native (numba znver3 without AVX-512)",
+                     "peer_cpu_capability": "AVX2"})
+    said = "its native run is the AVX2 run, so `make figures` did not repeat it in AVX2 mode."
+    modes = performance_page._modes(None, None, performance_page._no_avx2_mode(tmp_path))
+    assert said in modes and "without AVX-512" in modes
+    for text in (performance_page._training_step(tmp_path),
+                 performance_page._generation(tmp_path)):
+        assert said in text and "Not in this run" not in text and "AVX2 mode |" not in text
+        assert "| quantity | native |\n" in text
+    assert "| pft step / linattn step, batch 16 | 1.5 |\n" in (
+        performance_page._training_step(tmp_path))
+    assert "| pft s / linattn s, batch 16 | 1.5 |\n" in performance_page._generation(tmp_path)
+    _bench_json(tmp_path, ())                                   # no AVX2 at all (ARM)
+    assert "has no AVX2" in performance_page._training_step(tmp_path)
+    _bench_json(tmp_path, ("avx512f", "avx2"))                  # there, a missing file
+    assert "Not in this run: `data/avx2/train_step.json` is missing." in (
+        performance_page._training_step(tmp_path))
+    assert performance_page._no_avx2_mode(tmp_path) is None
+
+
 def test_fastest_form_is_read_from_the_rows():
     from linattn.lab.page_rules import _fastest
     rows = [{"case": "delta numba chunked", "n": "64", "forward_backward_best_s": "0.005"},
@@ -130,3 +167,18 @@ def test_kernel_sizes_are_recorded_and_said():
         "with OpenBLAS's haswell kernel, softmax tiles of 256 queries by 256 keys, the BLAS "
         "held to one thread, causal linear blocks of 32 positions (D = M = 64)")
     assert performance_page._sizes({}) == "not recorded"
+
+
+def test_where_the_loops_beat_the_blocks_is_read_from_the_rows():
+    from linattn.lab.page_rules import _loops_faster
+
+    def row(case, heads, forward, both):
+        return {"case": case, "heads": heads, "forward_best_s": forward,
+                "forward_backward_best_s": both}
+    rows = [row("causal numba loops", 1, "2", "9"), row("causal numba chunked", 1, "3", "5"),
+            row("non-causal numba loops", 8, "4", "6"), row("non-causal numba", 8, "1", "2")]
+    assert _loops_faster(rows) == ("In this run the loops were faster in: causal forward at "
+                                   "1 head.")
+    rows[0]["forward_best_s"] = "4"
+    assert _loops_faster(rows) == "In this run the blocks were faster in every comparison."
+    assert _loops_faster([]) == ""

@@ -409,16 +409,37 @@ def _copy_task(out, quick, caption, peer_python):
     return copy_task_loss(rows, out / "copy_task_loss", title=title, caption=caption)
 
 
+def _avx2_mode(out, patterns):
+    """Whether to measure again in AVX2 mode, into out/data/avx2: where the mode adds a
+    measurement, on a CPU with AVX-512 (``isa.avx2_mode_adds``). Elsewhere, no: the files of
+    out/data/avx2 matching ``patterns`` (an earlier run's, perhaps another machine's) are
+    removed instead, and the folder too once empty."""
+    from . import isa
+    if isa.avx2_mode_adds():
+        return True
+    folder = out / "data" / "avx2"
+    for pattern in patterns:
+        for path in folder.glob(pattern):
+            path.unlink()
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+    return False
+
+
 def _benchmark(out, quick, caption, peer_python):
     """One benchmark run (its files go to out/data) drawn three ways, as the paper's
     Figure 1: time and memory per sample against N at batch = max(1, T / N), T =
     ``measure.FIGURE1["tokens"]``. Not
-    quick: the head to head again in AVX2 mode (out/data/avx2), and one training step
-    against pft in both modes (data/train_step.json, data/avx2/train_step.json)."""
+    quick: one training step against pft (data/train_step.json) and, on a CPU with AVX-512,
+    both again in AVX2 mode (data/avx2/: the head to head, train_step.json; ``_avx2_mode``:
+    on a CPU whose widest vectors are AVX2's the native run is the AVX2 run)."""
     scaling, tokens, meta = measure.benchmark_rows(out / "data", quick, peer_python)
-    if not quick:                         # the same ratios as an AVX2-only CPU runs them
-        measure.avx2_head_to_head(out / "data" / "avx2", peer_python)
-        for mode, folder in (("native", out / "data"), ("avx2", out / "data" / "avx2")):
+    if not quick:
+        modes = [("native", out / "data")]
+        if _avx2_mode(out, ("bench*", "train_step.json")):
+            measure.avx2_head_to_head(out / "data" / "avx2", peer_python)
+            modes.append(("avx2", out / "data" / "avx2"))
+        for mode, folder in modes:
             measure.train_step_head_to_head(folder / "train_step.json", mode, peer_python)
     caption = (f"measured on {meta['machine']}; peers: {meta['peers']}\neach curve stops "
                f"after the first N at which one forward + backward call took over "
@@ -484,9 +505,9 @@ def _retrieval(out, quick, caption, peer_python):
 
 def _generation(out, quick, caption, peer_python):
     """Generating images at the paper's MNIST shape (``lab.speed.speed_table``): each form
-    at batch 1 and 16, pft's RNN too when ``peer_python`` is given; not quick, the two RNNs
-    again in AVX2 mode (data/avx2/generation_speed.csv). Quick: a tiny model, N = 16, no
-    peers."""
+    at batch 1 and 16, pft's RNN too when ``peer_python`` is given; not quick, on a CPU with
+    AVX-512, the two RNNs again in AVX2 mode (data/avx2/generation_speed.csv; ``_avx2_mode``).
+    Quick: a tiny model, N = 16, no peers."""
     from . import speed
     if quick:
         rows, meta = speed.speed_table(batches=(1, 2), rounds=1, n=16, shape=dict(
@@ -494,7 +515,9 @@ def _generation(out, quick, caption, peer_python):
     else:
         rows, meta = speed.speed_table(batches=(1, 16), rounds=3, peer_python=peer_python)
         # the RNNs again as an AVX2-only CPU runs them (the softmax forms take too long)
-        measure.avx2_generation(out / "data" / "avx2" / "generation_speed.csv", peer_python)
+        if _avx2_mode(out, ("generation_speed.csv",)):
+            measure.avx2_generation(out / "data" / "avx2" / "generation_speed.csv",
+                                    peer_python)
     return generation_figure(rows, meta, out)
 
 

@@ -13,7 +13,9 @@ Haswell instruction set through the variables each library reads when it loads:
   ``MKL_ENABLE_INSTRUCTIONS=AVX2`` (its BLAS).
 
 All must be set before the libraries load: ``environment("avx2")`` gives them for a new
-process, and ``describe()`` says what this process runs with, for a benchmark's record.
+process, and ``describe()`` says what this process runs with, for a benchmark's record. ``make
+figures`` runs the AVX2 mode only where it adds a measurement, on a CPU with AVX-512
+(``avx2_mode_adds``): on one with AVX2 and no AVX-512 the native run is the AVX2 run.
 """
 import os
 
@@ -62,6 +64,16 @@ def cpu_flags():
     except OSError:
         pass
     return ()
+
+
+def avx2_mode_adds(flags=None):
+    """Whether the AVX2 mode measures what the native run does not: on a CPU with AVX-512
+    (``flags``: what ``cpu_flags()`` returns, by default this CPU's, or what a record kept).
+    On a CPU whose widest vectors are AVX2's the native run already is an AVX2 run (Numba
+    and OpenBLAS pick AVX2 code for it; only the tuning they name differs); a CPU without
+    AVX2 (an ARM one, or one that reports no flags) cannot run the mode's code at all."""
+    flags = cpu_flags() if flags is None else flags
+    return "avx512f" in flags
 
 
 def mode(environ=None):

@@ -47,7 +47,8 @@ def write_page(figures_dir="figures", out="docs/performance.md"):
     figures_dir, out = pathlib.Path(figures_dir), pathlib.Path(out)
     bench = _json(figures_dir / "data" / "bench.json")
     sections = [_header(figures_dir, bench), _summary(bench),
-                _modes(bench, _json(figures_dir / "data" / "avx2" / "bench.json")),
+                _modes(bench, _json(figures_dir / "data" / "avx2" / "bench.json"),
+                       _no_avx2_mode(figures_dir)),
                 _time(figures_dir),
                 _memory(figures_dir), _tokens(figures_dir), _generation(figures_dir),
                 _training_step(figures_dir), _copy_task(figures_dir), _images(figures_dir),
@@ -118,10 +119,32 @@ def _summary(bench):
             + _table(["quantity", "measured"], rows))
 
 
-def _modes(bench, avx2):
+def _no_avx2_mode(figures_dir):
+    """Why a run has no AVX2-mode files, from the instruction set its benchmark recorded
+    (``data/bench.json``): its CPU's widest vectors are AVX2's, so its native run is the
+    AVX2 run, or it has no AVX2 (``isa.avx2_mode_adds``); None where the mode would have
+    added a measurement (a missing file is then said as missing). One sentence, without
+    its full stop."""
+    bench = _json(figures_dir / "data" / "bench.json")
+    described = ((bench or {}).get("machine") or {}).get("instruction_set") or {}
+    flags = described.get("cpu_flags")
+    if described.get("mode") != "native" or flags is None or isa.avx2_mode_adds(flags):
+        return None
+    if "avx2" in flags:
+        return (f"This run's CPU has AVX2 and no AVX-512 ({isa.label(described)}): its "
+                f"native run is the AVX2 run, so `make figures` did not repeat it in AVX2 "
+                f"mode")
+    return (f"This run's CPU has no AVX2 ({isa.label(described)}): the AVX2 mode does not "
+            f"apply to it")
+
+
+def _modes(bench, avx2, no_avx2_mode=None):
     """The summary's ratios in the two instruction-set modes side by side: as this CPU runs
-    them, and with every side held to AVX2 (``linattn.lab.isa``)."""
+    them, and with every side held to AVX2 (``linattn.lab.isa``); where the run made no
+    AVX2-mode files because the mode adds nothing on its CPU, ``no_avx2_mode`` says why."""
     title = "## Head to head as an AVX2-only CPU runs it"
+    if avx2 is None and no_avx2_mode:
+        return f"{title}\n\n{no_avx2_mode}."
     if bench is None or avx2 is None or not avx2.get("summary"):
         return (f"{title}\n\nNot in this run: `data/avx2/bench.json` is missing "
                 "(`make figures` writes it; alone: `python -m linattn bench --isa avx2 --out "
@@ -240,7 +263,8 @@ def _generation_modes(figures_dir, native, native_meta):
     from .speed import FLOOR_NAME, NAMES, PEER_NAME
     path = figures_dir / "data" / "avx2" / "generation_speed.csv"
     avx2, avx2_meta = _csv(path)
-    sides = [(native, native_meta), (avx2 or [], avx2_meta)]
+    no_mode = _no_avx2_mode(figures_dir) if avx2 is None else None
+    sides = [(native, native_meta)] + ([] if no_mode else [(avx2 or [], avx2_meta)])
 
     def seconds(rows, name):
         return {int(r["batch"]): float(r["seconds"]) for r in rows if r["name"] == name}
@@ -253,13 +277,18 @@ def _generation_modes(figures_dir, native, native_meta):
     intro = ("pft's RNN time over linattn's RNN time, as this CPU runs them and with Numba, "
              "OpenBLAS and torch held to the AVX2 instruction set (`linattn.lab.isa`), in "
              "separate runs")
+    if no_mode:
+        intro = f"pft's RNN time over linattn's RNN time, as this CPU runs them. {no_mode}"
     if avx2 is not None:
         intro += (f" (the AVX2 run: `{path.relative_to(figures_dir)}`, "
                   f"{avx2_meta.get('date')}; peers: {avx2_meta.get('peers')})")
     text = [intro + ". The products alone are the same token's matrix products, each called "
             "from Python, without its attention and element work: pft's time over them is "
-            "about the ratio a token loop whose element work cost nothing would reach."]
-    if avx2 is None:
+            "about the ratio a token loop whose element work cost nothing would reach. They "
+            "are timed apart from the RNN, so where a token is nearly all products (at batch "
+            "1) the two ratios differ by little more than the noise between two timings, "
+            "and either may come out the larger."]
+    if avx2 is None and not no_mode:
         text.append(f"Not in this run: `{path.relative_to(figures_dir)}` is missing.")
     batches = sorted({b for by_batch in ratios for b in by_batch})
     if not batches:
@@ -278,7 +307,8 @@ def _generation_modes(figures_dir, native, native_meta):
         recorded(meta, "instruction_set") if rows else "-" for rows, meta in sides])
     body.append(["pft CPU capability (torch)"] + [
         recorded(meta, "peer_cpu_capability") if rows else "-" for rows, meta in sides])
-    return "\n\n".join(text + [_table(["quantity", "native", "AVX2 mode"], body)])
+    return "\n\n".join(text + [_table(["quantity", "native", "AVX2 mode"][:1 + len(sides)],
+                                        body)])
 
 
 def _training_step(figures_dir):
@@ -289,6 +319,9 @@ def _training_step(figures_dir):
     paths = [figures_dir / "data" / "train_step.json",
              figures_dir / "data" / "avx2" / "train_step.json"]
     results = [_json(p) for p in paths]
+    no_mode = _no_avx2_mode(figures_dir) if results[1] is None else None
+    if no_mode:                                   # one mode only: this CPU's
+        paths, results = paths[:1], results[:1]
     if all(r is None for r in results):
         return (f"## {title}\n\nNot in this run: `python -m linattn.lab.bench.train_step "
                 f"--peer-python PATH --out figures/data/train_step.json` writes it.")
@@ -309,15 +342,16 @@ def _training_step(figures_dir):
                       for p, r in zip(paths, results) if r)
     missing = [f"Not in this run: `{p.relative_to(figures_dir)}` is missing."
                for p, r in zip(paths, results) if r is None]
+    how = (f"as this CPU runs it. {no_mode}" if no_mode else
+           "twice in separate runs: as this CPU runs it and with Numba, OpenBLAS and torch "
+           "held to the AVX2 instruction set (`linattn.lab.isa`)")
     return (f"## {title} ({dates})\n\nThe copy-task model, N = {first['seq_len']}, "
-            f"{first['path']} path, measured twice in separate runs: as this CPU runs it and "
-            f"with Numba, OpenBLAS and torch held to the AVX2 instruction set "
-            f"(`linattn.lab.isa`). Ours: {first['threads']}; peer, in the first run: "
-            f"{first['peer']}. Medians "
+            f"{first['path']} path, measured {how}. Ours: {first['threads']}; peer"
+            f"{', in the first run' if len(results) > 1 else ''}: {first['peer']}. Medians "
             f"over {first['rounds']} rounds taken in turn, each the median of "
             f"{first['repeats']} steps.\n\n"
             + "".join(line + "\n\n" for line in missing)
-            + _table(["quantity", "native", "AVX2 mode"], body))
+            + _table(["quantity", "native", "AVX2 mode"][:1 + len(results)], body))
 
 
 def main(argv=None):

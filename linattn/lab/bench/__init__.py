@@ -216,6 +216,9 @@ def _peers(cfg, config):
 
 def main(argv=None):
     cfg = parse(sys.argv[1:] if argv is None else argv)
+    if cfg.isa == "avx2" and "avx2" not in isa.cpu_flags():
+        raise SystemExit("--isa avx2: this CPU reports no AVX2 (/proc/cpuinfo), so it cannot "
+                         "run the AVX2 mode's code; run without --isa")
     if cfg.isa is not None and cfg.isa != isa.mode():
         # Numba and OpenBLAS read their target when they load: run again in the mode asked
         sys.stdout.flush()
