@@ -62,12 +62,14 @@ The "auto" rule, written once:
 - backend "auto": "cupy" for CuPy arrays; for NumPy arrays "numba" when numba imports and has
   the method, else "numpy".
 - method "auto": ``AUTO_METHOD[family, backend]``, a function of ``causal``, the queries'
-  shape (N, D) where the caller gives it, and the options the call needs: the fastest form
-  measured on that backend (NumPy: running sums non-causal, blocks causal; Numba: the kernel
-  matrix in blocks for short sequences, else blocks of positions, and the gated running sums
-  for a decay, a gate or no normaliser; CUDA: the chunked scan causal, matrix products
-  non-causal; the delta rule: its chunked WY form on NumPy and Numba). Families without
-  methods (step, softmax, lsh) have the single method "auto".
+  shape (N, D) where the caller gives it, and the options the call needs: the form that
+  measurements of forward + backward chose on that backend (NumPy: running sums non-causal,
+  blocks causal; Numba: the kernel matrix in blocks for short sequences, else blocks of
+  positions, and the gated running sums for a decay, a gate or no normaliser; CUDA: the
+  chunked scan causal, matrix products non-causal; the delta rule: its chunked WY form on
+  NumPy and Numba). For Numba, the performance page (docs/performance.md) shows the timings
+  of its last run, and where a forward alone ran faster as the running sums. Families
+  without methods (step, softmax, lsh) have the single method "auto".
 - options: a module lacking one the call needs is skipped (by "auto", for the next module of
   the entry, then the next backend); an explicit backend with none that has it is a ValueError.
 - an explicit backend without the method asked for is a ValueError that names both.
