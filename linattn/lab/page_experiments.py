@@ -14,7 +14,8 @@ def _copy_task(figures_dir):
         body.append([name, last, _sig(by_step[last])])
     return (f"## Copy task ({_source(path, meta)})\n\nHeld-out loss, nats per "
             "copied symbol, at the last evaluation of each attention's run (the paper's "
-            "figure 2, smaller). The figure: `figures/copy_task_loss.png`.\n\n"
+            "figure 2, smaller). The figure: `figures/copy_task_loss.png`."
+            + _sentence(meta.get("caption")) + "\n\n"
             + _table(["attention", "step", "held-out loss"], body))
 
 
@@ -70,5 +71,6 @@ def _retrieval(figures_dir):
             f"width {features} (a state of F = {features} features for the fixed-size "
             "memories) trained to recall the value of one of P stored keys (after Schlag et "
             "al. 2021; `linattn.model.retrieval`): the fraction of held-out answers read "
-            "right. The figure: `figures/retrieval_capacity.png`.\n\n"
+            "right. The figure: `figures/retrieval_capacity.png`."
+            + _sentence(meta.get("caption")) + "\n\n"
             + _table(["pairs P"] + names, body))

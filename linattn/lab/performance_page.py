@@ -112,10 +112,12 @@ def _summary(bench):
     if bench is None or not bench.get("summary"):
         return "## Head to head\n\nNot in this run: `data/bench.json` has no summary."
     rows = [[quantity, _sig(value)] for quantity, value in bench["summary"]]
-    return ("## Head to head\n\nThe benchmark's summary: ratios of two timings taken in turn "
-            "(the median over the rounds), and ratios to the machine's own yardsticks. A ratio "
-            "of two timings taken in turn is the median of its own pair's rounds, so two rows "
-            "that share a side need not multiply to a third row exactly.\n\n"
+    return ("## Head to head\n\nThe benchmark's summary: ratios of two timings taken in turn, "
+            "and ratios to the machine's own yardsticks. A head-to-head ratio (one form or "
+            "library over another) is the median over the rounds of its own pair's ratio, so "
+            "two rows that share a side need not multiply to a third row exactly; the thread "
+            "speedup compares the best times of the two thread counts, and the step-time row "
+            "the median steps of the first and last 1024 tokens.\n\n"
             + _table(["quantity", "measured"], rows))
 
 
@@ -247,9 +249,11 @@ def _generation(figures_dir):
              "measured" if r.get("measured") in (True, "True") else "estimated"]
             for r in rows]
     return (f"## Generating images ({_source(path, meta)})\n\n"
-            f"{meta.get('caption', '')}\n\nEach row generates whole images with "
-            "`linattn.model.generate` (the peer's with its own RNN); `vs RNN` is the row's "
-            "time over linattn's RNN at the same batch.\n\n"
+            f"{meta.get('caption', '')}\n\nA row measured generates whole images with "
+            "`linattn.model.generate` (the peer's with its own RNN); a row estimated times "
+            "single tokens at a few prefix lengths; the products alone are the RNN's matrix "
+            "products in a loop of their own (below). `vs RNN` is the row's time over "
+            "linattn's RNN at the same batch.\n\n"
             + _table(["form", "library", "batch", "s / image", "images / s", "vs RNN", "how"],
                      body, ["---", "---", "---:", "---:", "---:", "---:", "---"])
             + "\n\n" + _generation_modes(figures_dir, rows, meta))
@@ -338,7 +342,8 @@ def _training_step(figures_dir):
         if r and r["machine"].get("instruction_set") else "-" for r in results])
     body.append(["pft CPU capability (torch)"] + [
         (r.get("peer_cpu_capability") or "not recorded") if r else "-" for r in results])
-    dates = ", ".join(f"`{p.relative_to(figures_dir)}`, {r['machine'].get('date')}"
+    dates = ", ".join(f"`{p.relative_to(figures_dir)}`, {r['machine'].get('date')}, "
+                      f"{r['machine'].get('cpu', 'CPU not recorded')}"
                       for p, r in zip(paths, results) if r)
     missing = [f"Not in this run: `{p.relative_to(figures_dir)}` is missing."
                for p, r in zip(paths, results) if r is None]
