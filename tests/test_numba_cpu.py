@@ -245,6 +245,62 @@ def test_float32_stays_float32_inside_the_loops():
     assert float64_in_ir(products.causal_product, x, x, x, False, 1e-6, out, den, 1, none)
 
 
+def masked_moves_in_asm(function, *args):
+    """Whether ``function``, compiled serially and uncached for this CPU, moves data through
+    AVX's masks (vmaskmovps, vpmaskmovd, ...): how LLVM stores only the elements a select
+    changes, slow on AMD's Zen CPUs (see flash_tiles)."""
+    serial = njit(error_model="numpy")(getattr(function, "py_func", function))
+    serial(*args)
+    return "maskmov" in "\n".join(serial.inspect_asm().values())
+
+
+def _running_max_by_select(St, top):
+    """The pattern the kernels avoid: a running maximum kept by a select."""
+    for b in range(St.shape[0]):
+        row = St[b]
+        for a in range(row.size):
+            top[a] = row[a] if row[a] > top[a] else top[a]
+
+
+@pytest.mark.slow
+def test_running_maxima_and_elu_chains_store_every_element():
+    from linattn.numba_cpu import block_ops, flash_tiles, lsh, quadratic
+    St, top = np.ones((40, 24), np.float32), np.zeros(24, np.float32)
+    if not masked_moves_in_asm(_running_max_by_select, St, top):
+        pytest.skip("LLVM stores no select through AVX's masked moves on this CPU")
+    # the check can fail: the select above became one (on AVX2; AVX-512 has other masks)
+    one = np.float32(1)
+    for causal in (True, False):
+        assert not masked_moves_in_asm(flash_tiles.scale_and_max, St, one, causal, 0, 0, top)
+        assert not masked_moves_in_asm(flash_tiles.scale_and_max_keys, St, one, causal, 0, 0,
+                                      top, np.ones(40, np.bool_))
+    assert not masked_moves_in_asm(lsh._column_max, St, top)
+    for dtype in (np.float32, np.float64):
+        grad, phi = np.ones((40, 24), dtype), np.ones((40, 24), dtype)
+        assert not masked_moves_in_asm(block_ops.chain_elu, grad, phi, True)
+        assert not masked_moves_in_asm(quadratic._chain_elu, grad, phi, True)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_slope_from_the_features_is_the_slope(dtype):
+    # d phi / dx read from phi (min(1, phi)) bit for bit as from x, at every kind of x
+    x = np.array([-np.inf, -800.0, -104.0, -87.5, -30.0, -1.5, -1e-30, -0.0, 0.0, 1e-30,
+                  1e-8, 0.7, 3.0, 1e30, np.inf, np.nan])
+    x = np.concatenate([x, np.random.default_rng(5).standard_normal(400) * 20])
+    x = x.astype(dtype)
+
+    @njit
+    def both(x, from_x, from_phi):
+        for i in range(x.size):
+            from_x[i] = elu.dphi(x[i])
+            from_phi[i] = elu.dphi_from_phi(elu.phi(x[i]))
+
+    from_x, from_phi = np.empty_like(x), np.empty_like(x)
+    both(x, from_x, from_phi)
+    np.testing.assert_array_equal(from_phi, from_x)          # NaN where NaN, else equal
+    assert from_phi.dtype == dtype and np.isnan(from_phi[15]) and from_phi[13] == 1
+
+
 CACHE_PROBE = """
 import numpy as np
 import linattn

@@ -182,3 +182,11 @@ def test_where_the_loops_beat_the_blocks_is_read_from_the_rows():
     rows[0]["forward_best_s"] = "4"
     assert _loops_faster(rows) == "In this run the blocks were faster in every comparison."
     assert _loops_faster([]) == ""
+
+
+def test_the_openblas_variables_of_the_run_are_said():
+    assert performance_page._settings({}) == "none set"
+    assert performance_page._settings(None) == "none set"
+    assert performance_page._settings({"OPENBLAS_NUM_THREADS": "1", "OPENBLAS_CORETYPE":
+                                       "Haswell"}) == ("`OPENBLAS_CORETYPE=Haswell`, "
+                                                       "`OPENBLAS_NUM_THREADS=1`")

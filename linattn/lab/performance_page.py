@@ -89,8 +89,8 @@ def _header(figures_dir, bench):
               f"- peers: {bench.get('peers_note') or 'none'}"
               + (f"; pytorch-fast-transformers: {'yes' if peers.get('fast_transformers') else 'no'}"
                  if peers else ""),
-              f"- thread settings in the benchmark's environment: "
-              f"{_settings(m.get('openblas_env'))}"]
+              f"- OpenBLAS's variables in the benchmark's environment (`OPENBLAS_CORETYPE`, "
+              f"`OPENBLAS_L2_SIZE`, `OPENBLAS_NUM_THREADS`): {_settings(m.get('openblas_env'))}"]
     cfg = bench.get("config", {})
     if cfg:
         batch = (f"scaling at batch = max(1, {cfg['tokens']} / N)" if cfg.get("tokens")
@@ -104,7 +104,7 @@ def _header(figures_dir, bench):
 
 def _settings(env):
     if not env:
-        return "none recorded"
+        return "none set"
     return ", ".join(f"`{k}={v}`" for k, v in sorted(env.items()))
 
 

@@ -63,13 +63,12 @@ def accumulate(x, y, w, S, z):
 
 
 @njit(cache=True, error_model="numpy")
-def chain_elu(grad, x, phi_b, elu, r, i0):
-    """With ``elu``, grad *= d phi / dx (1 where x > 0, else exp(x) = phi(x)) in place: the
-    block's gradient with respect to the features becomes that with respect to the raw
-    rows x[r, i0:]."""
+def chain_elu(grad, phi_b, elu):
+    """With ``elu``, grad *= d phi / dx in place: the block's gradient with respect to its
+    features (phi_b, loaded by ``load``) becomes that with respect to the raw rows. See
+    ``elu.dphi_from_phi``."""
     if not elu:
         return
-    one = grad.dtype.type(1)
     for i in range(grad.shape[0]):
         for f in range(grad.shape[1]):
-            grad[i, f] *= one if x[r, i0 + i, f] > 0 else phi_b[i, f]   # NaN x: NaN phi
+            grad[i, f] *= elu_map.dphi_from_phi(phi_b[i, f])

@@ -177,7 +177,7 @@ def _dq(x_q, x_k, v, dout, eps, elu, norms, dq, r, i0, i1, S, z):
     gemm(dout_b, S.T, g, 0)                                 # earlier blocks': (C, D)
     gemm(masked(dout_b, v_b, False), phi_k, g, 1)          # and the block's own keys
     _dq_rows(phi_q, phi_k, True, g, z, eps, norms, r, i0)
-    chain_elu(g, x_q, phi_q, elu, r, i0)
+    chain_elu(g, phi_q, elu)
     gemm(phi_k.T, v_b, S, 1)                                # z is already summed
 
 
@@ -188,7 +188,7 @@ def _global_dq(x_q, dout, eps, elu, norms, dq, r, i0, i1, S, z):
     phi_q, g = load(x_q, r, i0, i1, elu), dq[r, i0:i1]
     gemm(dout[r, i0:i1], S.T, g, 0)
     _dq_rows(phi_q, phi_q, False, g, z, eps, norms, r, i0)
-    chain_elu(g, x_q, phi_q, elu, r, i0)
+    chain_elu(g, phi_q, elu)
 
 
 @njit(cache=True, error_model="numpy")
@@ -223,7 +223,7 @@ def _dkv(x_q, x_k, v, dout, elu, norms, dk, dv, r, i0, i1, U, u):
     _from_state(phi_k, v_b, U, u, dk_b, dv_b)               # Eq. (14)-(15): later blocks
     gemm(scores, phi_q, dk_b, 1)                            # and the block's own
     gemm(masked(phi_k, phi_q, True), dnum, dv_b, 1)
-    chain_elu(dk_b, x_k, phi_k, elu, r, i0)
+    chain_elu(dk_b, phi_k, elu)
     accumulate(phi_q, dnum, dden, U, u)
 
 
@@ -233,7 +233,7 @@ def _global_dkv(x_k, v, elu, dk, dv, r, i0, i1, U, u):
     dphi_k_i = U v_i + u and dv_i = U^T phi_k_i, Eq. (14)-(15) without a mask."""
     phi_k, dk_b = load(x_k, r, i0, i1, elu), dk[r, i0:i1]
     _from_state(phi_k, v[r, i0:i1], U, u, dk_b, dv[r, i0:i1])
-    chain_elu(dk_b, x_k, phi_k, elu, r, i0)
+    chain_elu(dk_b, phi_k, elu)
 
 
 @njit(cache=True, error_model="numpy")

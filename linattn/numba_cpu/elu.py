@@ -116,6 +116,23 @@ def _dphi(x):
         return lambda x: one if x > 0 else exp(x)
 
 
+def dphi_from_phi(p):
+    """d phi / dx from p = phi(x): min(1, p), bit for bit ``dphi(x)``. For x > 0, p = x + 1
+    >= 1 and the slope is 1; for x <= 0, p = exp(x) <= 1 is the slope; a NaN x has a NaN p.
+    Chain rules use it in place of ``x > 0``: ``g *= 1 if x > 0 else p`` reads to LLVM as a
+    store only where x <= 0, which it vectorises as a masked store: one instruction with
+    AVX-512, but AVX2's vmaskmovps, microcoded on AMD's Zen CPUs. ``np.minimum`` stores
+    every element, and the loop reads one array fewer. Compiled code gets ``_dphi_from_phi``."""
+    return np.minimum(1.0, p)
+
+
+@overload(dphi_from_phi)
+def _dphi_from_phi(p):
+    if isinstance(p, types.Float):
+        one = _typed(p)[0]
+        return lambda p: np.minimum(one, p)
+
+
 def features(x):
     """phi(x) elementwise: a new C-contiguous array shaped as x (any layout)."""
     out = np.empty(x.shape, dtype=x.dtype)

@@ -237,8 +237,7 @@ def _column_max(st, top):
     for b in range(st.shape[0]):
         row = st[b]
         for a in range(top.size):
-            x = row[a]
-            top[a] = x if (x > top[a] or x != x) else top[a]       # a NaN stays
+            top[a] = np.maximum(top[a], row[a])    # a NaN stays (flash_tiles.MAX_NOT_SELECT)
     return top
 
 

@@ -106,15 +106,14 @@ def _features(raw, elu):
 
 
 @njit(cache=True, error_model="numpy")
-def _chain_elu(grad, raw, phi, elu):
-    """With ``elu``, grad *= d phi / dx (1 where raw > 0, else exp(raw) = phi) in place: the
-    gradient with respect to the features becomes that to the raw rows."""
+def _chain_elu(grad, phi, elu):
+    """With ``elu``, grad *= d phi / dx in place (``elu.dphi_from_phi``): the gradient with
+    respect to the features becomes that to the raw rows."""
     if not elu:
         return
-    one = grad.dtype.type(1)
     for i in range(grad.shape[0]):
         for f in range(grad.shape[1]):
-            grad[i, f] *= one if raw[i, f] > 0 else phi[i, f]      # NaN raw: NaN phi
+            grad[i, f] *= elu_map.dphi_from_phi(phi[i, f])
 
 
 @njit(cache=True, error_model="numpy")
@@ -196,7 +195,7 @@ def _backward(x_q, x_k, v, dout, causal, eps, elu, block, dq, dk, dv, s1, dfinal
                 phi_q = _features(q_b, elu)
                 _block_backward(phi_q, phi_k[:j1], v_r[:j1], _rows(dout, a, b, i0, i1),
                                 causal, i0, eps, dq_b, dk_r[:j1], dv_r[:j1], s0, z0, ds0, dz0)
-                _chain_elu(dq_b, q_b, phi_q, elu)
+                _chain_elu(dq_b, phi_q, elu)
             dq[a, b, i0:i1] = dq_b
         if dfinal.shape[0] > 0:                            # the final state's gradient
             d_s, d_z = _state_of_row(dfinal, a, b, m)
@@ -207,7 +206,7 @@ def _backward(x_q, x_k, v, dout, causal, eps, elu, block, dq, dk, dv, s1, dfinal
             if s0.shape[0] > 0:
                 ds0 += d_s                                 # S0 reaches the final state
                 dz0 += d_z
-        _chain_elu(dk_r, k_r, phi_k, elu)
+        _chain_elu(dk_r, phi_k, elu)
         dk[a, b] = dk_r
         dv[a, b] = dv_r
         if ds1.shape[0] > 0:
