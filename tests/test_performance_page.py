@@ -186,7 +186,7 @@ def test_where_the_loops_beat_the_blocks_is_read_from_the_rows():
 
 def test_the_openblas_variables_of_the_run_are_said():
     assert performance_page._settings({}) == "none set"
-    assert performance_page._settings(None) == "none set"
+    assert performance_page._settings(None) == "not recorded"               # an older file
     assert performance_page._settings({"OPENBLAS_NUM_THREADS": "1", "OPENBLAS_CORETYPE":
                                        "Haswell"}) == ("`OPENBLAS_CORETYPE=Haswell`, "
                                                        "`OPENBLAS_NUM_THREADS=1`")

@@ -103,6 +103,8 @@ def _header(figures_dir, bench):
 
 
 def _settings(env):
+    if env is None:
+        return "not recorded"
     if not env:
         return "none set"
     return ", ".join(f"`{k}={v}`" for k, v in sorted(env.items()))

@@ -12,8 +12,8 @@ on that interval, and 2^n written straight into a float's exponent bits (``with_
 table lookup would be a gather, twice as slow; without Numba's private API, ``_internals``,
 the C library's exp is used instead). Measured against exp in float64: within 1 ulp
 (float64) and 1.21 ulp (float32) over the whole range; NaN stays NaN, -inf gives 0.
-``phi`` and ``dphi`` are what kernels call; ``phi_into``, ``features`` and ``vjp_`` apply
-them to arrays.
+``phi`` is what kernels call, and for the chain rule ``dphi_from_phi`` (from the features
+they hold) or ``dphi``; ``phi_into``, ``features`` and ``vjp_`` apply them to arrays.
 Oracle: ``feature_maps.EluPlusOne`` (NumPy).
 """
 import decimal
@@ -119,10 +119,10 @@ def _dphi(x):
 def dphi_from_phi(p):
     """d phi / dx from p = phi(x): min(1, p), bit for bit ``dphi(x)``. For x > 0, p = x + 1
     >= 1 and the slope is 1; for x <= 0, p = exp(x) <= 1 is the slope; a NaN x has a NaN p.
-    Chain rules use it in place of ``x > 0``: ``g *= 1 if x > 0 else p`` reads to LLVM as a
-    store only where x <= 0, which it vectorises as a masked store: one instruction with
-    AVX-512, but AVX2's vmaskmovps, microcoded on AMD's Zen CPUs. ``np.minimum`` stores
-    every element, and the loop reads one array fewer. Compiled code gets ``_dphi_from_phi``."""
+    The chunked and quadratic kernels' chain rules use it: their ``g *= 1 if x > 0 else p``
+    compiled to a store only where x <= 0, vectorised as a masked store (slow with AVX2 on
+    AMD's Zen CPUs: see ``flash_tiles``); ``np.minimum`` stores every element, and the loop
+    reads one array fewer. Compiled code gets ``_dphi_from_phi``."""
     return np.minimum(1.0, p)
 
 

@@ -237,7 +237,7 @@ def _column_max(st, top):
     for b in range(st.shape[0]):
         row = st[b]
         for a in range(top.size):
-            top[a] = np.maximum(top[a], row[a])    # a NaN stays (flash_tiles.MAX_NOT_SELECT)
+            top[a] = np.maximum(top[a], row[a])    # NaN stays; no select (see flash_tiles)
     return top
 
 
