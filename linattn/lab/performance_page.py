@@ -223,7 +223,9 @@ def _memory(figures_dir):
         return _missing("Peak memory", path)
     table, _ = _by_n(rows, "peak_bytes", 1 / 2**20, "MiB")
     return (f"## Peak memory ({_source(path, meta)})\n\nMiB per sample beyond "
-            "the inputs during one forward + backward call. The figure: "
+            "the inputs during one forward + backward call: for linattn the peak of its traced "
+            "allocations (tracemalloc), for the peers the peak growth of the process's resident "
+            "memory, a coarser measure. The figure: "
             "`figures/memory_vs_n.png`.\n\n" + table)
 
 
@@ -237,7 +239,8 @@ def _tokens(figures_dir):
     positions = sorted({p for by_p in table.values() for p in by_p})
     body = [[p] + [_sig(table[name].get(p)) for name in names] for p in positions]
     return (f"## One generated token ({_source(path, meta)})\n\nMicroseconds for "
-            "one more token at each position (tokens already in the context). The figure: "
+            "the token at each position t, with t tokens in the context, itself included (the "
+            "RNN: the median of its steps just before t). The figure: "
             "`figures/time_per_token.png`.\n\n" + _table(["position"] + names, body))
 
 
@@ -291,9 +294,8 @@ def _generation_modes(figures_dir, native, native_meta):
     text = [intro + ". The products alone are the same token's matrix products, each called "
             "from Python, without its attention and element work: pft's time over them is "
             "about the ratio a token loop whose element work cost nothing would reach. They "
-            "are timed apart from the RNN, so where a token is nearly all products (at batch "
-            "1) the two ratios differ by little more than the noise between two timings, "
-            "and either may come out the larger."]
+            "are timed apart from the RNN, so each of the two ratios carries its own "
+            "timings' noise."]
     if avx2 is None and not no_mode:
         text.append(f"Not in this run: `{path.relative_to(figures_dir)}` is missing.")
     batches = sorted({b for by_batch in ratios for b in by_batch})
