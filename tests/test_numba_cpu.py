@@ -205,12 +205,18 @@ def test_block_length_keeps_every_product_on_one_blas_thread():
     assert chunked.block_length(1, 4096, 4096) == 1
 
 
+def compiled_serially(function, *args):
+    """``function`` (a Numba dispatcher or a plain function) compiled again, serially and
+    uncached, for these arguments: its IR and assembly can be read."""
+    serial = njit(error_model="numpy")(getattr(function, "py_func", function))
+    serial(*args)
+    return serial
+
+
 def float64_in_ir(function, *args):
     """Whether the loop body of ``function`` (compiled serially, uncached) does any double
     arithmetic or conversion for these arguments."""
-    serial = njit(error_model="numpy")(function.py_func)
-    serial(*args)
-    ir = "\n".join(serial.inspect_llvm().values())
+    ir = "\n".join(compiled_serially(function, *args).inspect_llvm().values())
     return any(op in ir for op in ("fadd double", "fmul double", "fdiv double", "fpext"))
 
 
@@ -249,9 +255,7 @@ def masked_moves_in_asm(function, *args):
     """Whether ``function``, compiled serially and uncached for this CPU, moves data through
     AVX's masks (vmaskmovps, vpmaskmovd, ...): how LLVM stores only the elements a select
     changes, slow on AMD's Zen CPUs (see flash_tiles)."""
-    serial = njit(error_model="numpy")(getattr(function, "py_func", function))
-    serial(*args)
-    return "maskmov" in "\n".join(serial.inspect_asm().values())
+    return "maskmov" in "\n".join(compiled_serially(function, *args).inspect_asm().values())
 
 
 def _running_max_by_select(St, top):

@@ -19,7 +19,7 @@ import pathlib
 
 
 from . import isa
-from .bench.timing import SLOW, blas_label
+from .bench.timing import OPENBLAS_VARIABLES, SLOW, blas_label
 from .figures import fitted_slope
 from .measure import crossover_n
 from .page_experiments import _copy_task, _images, _retrieval, _speech
@@ -89,8 +89,9 @@ def _header(figures_dir, bench):
               f"- peers: {bench.get('peers_note') or 'none'}"
               + (f"; pytorch-fast-transformers: {'yes' if peers.get('fast_transformers') else 'no'}"
                  if peers else ""),
-              f"- OpenBLAS's variables in the benchmark's environment (`OPENBLAS_CORETYPE`, "
-              f"`OPENBLAS_L2_SIZE`, `OPENBLAS_NUM_THREADS`): {_settings(m.get('openblas_env'))}"]
+              f"- OpenBLAS's variables in the benchmark's environment "
+              f"({', '.join(f'`{k}`' for k in OPENBLAS_VARIABLES)}): "
+              f"{_settings(m.get('openblas_env'))}"]
     cfg = bench.get("config", {})
     if cfg:
         batch = (f"scaling at batch = max(1, {cfg['tokens']} / N)" if cfg.get("tokens")

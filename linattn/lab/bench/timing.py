@@ -244,6 +244,10 @@ def blas_label(entry):
     return label + (f" of {entry['package']}" if entry.get("package") else "")
 
 
+# the OpenBLAS variables ``machine`` records (the performance page names them)
+OPENBLAS_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS")
+
+
 def machine():
     """A JSON-ready description of this machine and the libraries the numbers depend on."""
     import numba
@@ -259,9 +263,7 @@ def machine():
         "numba_threads": numba.get_num_threads(),
         "numba_threading_layer": _threading_layer(numba),
         "blas": _blas(),
-        "openblas_env": {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
-                                                    "OPENBLAS_NUM_THREADS")
-                         if k in os.environ},
+        "openblas_env": {k: os.environ[k] for k in OPENBLAS_VARIABLES if k in os.environ},
         "instruction_set": isa.describe(),
         "kernel_sizes": kernel_sizes(),
         "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
