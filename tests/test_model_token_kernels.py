@@ -42,13 +42,28 @@ def test_bias_activate_is_the_layers_activation(activation, reference, b, f, see
     np.testing.assert_allclose(u, want, rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("activation", [False, True])
+@given(b=st.integers(2, 40), f=st.integers(1, 40), seed=st.integers(0, 2**32 - 1))
+def test_bias_activate_columns_at_once_are_each_column_alone(dtype, activation, b, f, seed):
+    # the batch's flat loop against the one-column loop, bit for bit: the same operations
+    rng = np.random.default_rng(seed)
+    u, bias = _normal(rng, (f, b), dtype, scale=4), _normal(rng, f, dtype)
+    columns = [np.ascontiguousarray(u[:, [j]]) for j in range(b)]
+    kernels.bias_activate(u, bias, activation)
+    for j, col in enumerate(columns):
+        kernels.bias_activate(col, bias, activation)
+        np.testing.assert_array_equal(u[:, [j]].view(np.uint8), col.view(np.uint8))
+
+
 @pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-12), (np.float32, 3e-6)])
 @pytest.mark.parametrize("activation, reference", [(False, gelu), (True, relu)])
-def test_bias_activate_edge_values(dtype, rtol, activation, reference):
+@pytest.mark.parametrize("shape", [(15, 1), (5, 3)])        # one column; the flat loop
+def test_bias_activate_edge_values(dtype, rtol, activation, reference, shape):
     # GELU's sigmoid form never overflows: exp only sees -|2 y|; NaN stays NaN. The float64
     # reference: in float32 the tanh form loses digits to 1 + tanh(y) for negative x
-    u = np.array([[np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -1e-30, 3.0, -3.0, 30.0,
-                   -30.0, 1e4, -1e4, 1e30, -1e30]], dtype=dtype).T          # (F, 1)
+    u = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -1e-30, 3.0, -3.0, 30.0,
+                  -30.0, 1e4, -1e4, 1e30, -1e30], dtype=dtype).reshape(shape)
     with np.errstate(invalid="ignore", over="ignore"):
         want = reference(u.astype(np.float64))
         kernels.bias_activate(u, np.zeros(u.shape[0], dtype), activation)

@@ -76,8 +76,14 @@ def _activation(x, relu):
 
 @njit(cache=True, error_model="numpy")
 def bias_activate(u, bias, relu):
-    """u = act(u + bias) in place over (F, B), bias (F,): ReLU, or GELU as x times its gate,
-    x = u + bias. Cost: O(F B), an exp an element."""
+    """u = act(u + bias) in place over (F, B), bias (F,), u C-contiguous: ReLU, or GELU as
+    x times its gate, x = u + bias. Cost: O(F B), an exp an element.
+
+    With more than one column, the bias is added row by row and the activation then runs
+    over u as one flat array, the same numbers: a loop along a row of a few columns never
+    reaches the vectorised body LLVM makes for it (8 lanes, unrolled), so GELU ran one
+    element at a time, with branches: 4.3 times as long an element at B = 4, 1.3 at
+    B = 16, on the machine of the performance page (AVX2)."""
     n_features, n_batch = u.shape
     if n_batch == 1:                      # one column, contiguous: the loop runs along it
         col = u.reshape(n_features)
@@ -87,7 +93,10 @@ def bias_activate(u, bias, relu):
     for f in range(n_features):
         row, bias_f = u[f], bias[f]
         for j in range(n_batch):
-            row[j] = _activation(row[j] + bias_f, relu)
+            row[j] += bias_f
+    flat = u.reshape(u.size)
+    for i in range(flat.size):
+        flat[i] = _activation(flat[i], relu)
 
 
 @njit(cache=True, error_model="numpy")
