@@ -11,11 +11,14 @@ import pytest
 from linattn.lab import speed
 
 TINY = dict(vocab_size=8, d_model=16, n_layers=2, n_heads=2, d_mlp=32)
+# the peer's protocol (peer_generate.py): a line about itself, then a line per request
 FAKE_PEER = """import json, sys
 config = json.loads(sys.argv[1])
 print(json.dumps({"torch": "0", "fast_transformers": "0", "threads": config["threads"],
-                  "blas": "none", "rows": [{"batch": b, "seconds": 2.0 * b}
-                                           for b in config["batches"]]}))
+                  "blas": "none"}), flush=True)
+for line in sys.stdin:
+    batch = json.loads(line)["batch"]
+    print(json.dumps({"batch": batch, "seconds": 2.0 * batch}), flush=True)
 """
 
 
@@ -126,20 +129,42 @@ def test_a_failing_peer_leaves_its_rows_out_and_says_why(monkeypatch, tmp_path, 
     assert meta["peers"].startswith("failed") and why in meta["peers"]
 
 
+def test_a_peer_that_stops_answering_leaves_its_rows_out(monkeypatch, tmp_path):
+    script = tmp_path / "quitting_peer.py"                  # answers its first line only
+    script.write_text(FAKE_PEER.split("for line")[0] + "sys.stdin.readline()\n"
+                      "raise SystemExit('out of memory')\n")
+    monkeypatch.setattr(speed, "PEER_SCRIPT", str(script))
+    rows, meta = _table(batches=(1,), budget_s=0.0, peer_python=sys.executable)
+    assert all(r["library"] == "linattn" for r in rows)
+    assert meta["peers"].startswith("failed") and "out of memory" in meta["peers"]
+
+
+def test_in_turn_alternates_the_two_sides_and_takes_each_median():
+    seen = []
+
+    def side(name, times):
+        times = iter(times)
+        return lambda: seen.append(name) or next(times)
+    ours, theirs = speed.in_turn(side("ours", [3.0, 1.0, 2.0]), side("theirs", [9, 7, 8]),
+                                 rounds=3, pause_s=0.0)
+    assert seen == ["ours", "theirs"] * 3 and (ours, theirs) == (2.0, 8.0)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("PEER_PYTHON"),
                     reason="PEER_PYTHON (an interpreter with torch and fast_transformers) "
                            "is not set")
-def test_peer_script_generates_with_pft_and_prints_json():
+def test_peer_script_generates_with_pft_and_answers_json_lines():
     config = {"layers": 2, "heads": 2, "d_model": 16, "d_mlp": 32, "vocab": 8, "n": 5,
-              "batches": [1, 3], "rounds": 2, "threads": 2}
+              "threads": 2}
+    requests = "".join(json.dumps({"batch": b}) + "\n" for b in (1, 3, 1))
     run = subprocess.run([os.environ["PEER_PYTHON"], speed.PEER_SCRIPT, json.dumps(config)],
-                         capture_output=True, text=True, check=True)
-    result = json.loads(run.stdout)
-    assert result["threads"] == 2 and result["fast_transformers"]
-    assert result["cpu_capability"]                         # the vector kernels torch picked
-    assert [r["batch"] for r in result["rows"]] == [1, 3]
-    assert all(0 < r["best_seconds"] <= r["seconds"] for r in result["rows"])
+                         input=requests, capture_output=True, text=True, check=True)
+    about, *answers = map(json.loads, run.stdout.splitlines())
+    assert about["threads"] == 2 and about["fast_transformers"]
+    assert about["cpu_capability"]                          # the vector kernels torch picked
+    assert [a["batch"] for a in answers] == [1, 3, 1]
+    assert all(a["seconds"] > 0 for a in answers)
 
 
 def _fixture_rows():
@@ -195,8 +220,8 @@ def test_rnn_forms_alone_with_the_instruction_set(monkeypatch, tmp_path):
     """The AVX2-mode run's table: linattn's RNN (and its floor) and the peer's, no softmax;
     the meta names our instruction set and the peer's vector kernels."""
     script = tmp_path / "fake_peer.py"
-    script.write_text(FAKE_PEER.replace('"blas": "none",', '"blas": "none", '
-                                        '"cpu_capability": "AVX2",'))
+    script.write_text(FAKE_PEER.replace('"blas": "none"}', '"blas": "none", '
+                                        '"cpu_capability": "AVX2"}'))
     monkeypatch.setattr(speed, "PEER_SCRIPT", str(script))
     rows, meta = _table(forms=speed.RNN_FORMS, peer_python=sys.executable)
     assert [(r["name"], r["batch"]) for r in rows] == [

@@ -256,7 +256,8 @@ def _generation(figures_dir):
             for r in rows]
     return (f"## Generating images ({_source(path, meta)})\n\n"
             f"{meta.get('caption', '')}\n\nA row measured generates whole images with "
-            "`linattn.model.generate` (the peer's with its own RNN); a row estimated times "
+            "`linattn.model.generate` (the peer's with its own RNN, each of its rounds "
+            "in turn with one of linattn's RNN); a row estimated times "
             "single tokens at a few prefix lengths; the products alone are the RNN's matrix "
             "products in a loop of their own (below). `vs RNN` is the row's time over "
             "linattn's RNN at the same batch.\n\n"

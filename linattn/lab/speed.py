@@ -18,6 +18,10 @@ form calls ``generate``; the three rows differ only in ``method``:
   minutes on a small machine, so it is estimated (``estimate_seconds``) unless measuring it, every
   round, fits the budget (at each batch on its own); each row says which.
 
+pft's model runs in its own interpreter, kept open (``Peer``), and its timed generations
+alternate with those of linattn's RNN, one round each in turn (``in_turn``): on a shared
+machine whose speed drifts over minutes, both medians then come from the same minutes.
+
 Timing only; correctness is in the tests. Both sides run on ``THREADS`` threads.
 """
 import contextlib
@@ -25,6 +29,8 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
 
 import numpy as np
 
@@ -46,6 +52,9 @@ FLOOR_NAME = "linear, RNN: its matrix products alone"
 THREADS = 2
 # recomputing at t builds (B, H, t, t) attention matrices: past ~1k they take gigabytes
 PROBE_LIMIT = 1024
+# seconds between our round and the peer's: threads that spin after a round's work (OpenMP's,
+# OpenBLAS's: well under this) stop before the other side starts
+PAUSE_S = 0.5
 # how the cost of one token grows with its position t: t^0, t^1, t^2
 GROWTH = {"recurrent": 0, "cache": 1, "recompute": 2}
 # linattn's RNN alone (the form pft has too): the AVX2-mode run's forms
@@ -104,16 +113,23 @@ def _timed(f, rounds):
     return seconds(f, repeats=rounds, warmup=0)[0]
 
 
+def warm_image(params, cfg, method, batch, n):
+    """``image()``: n tokens generated for the batch after a start token (id 0) with
+    ``generate``'s ``method``, after a warm-up of a few tokens (which compiles)."""
+    prompt = np.zeros((batch, 1), dtype=np.int64)                  # the start token
+
+    def image():
+        generate(params, cfg, prompt, n, method=method)
+    generate(params, cfg, prompt, min(n, 8), method=method)
+    return image
+
+
 def form_seconds(params, cfg, method, batch, n, rounds, budget_s):
     """(median seconds to generate n tokens for the batch after a start token (id 0) with
     ``generate``'s ``method``, measured?): "recompute" is estimated by ``estimate_seconds``
     when ``rounds`` generations would take over ``budget_s`` by that estimate, and then
     ``measured`` is False."""
-    prompt = np.zeros((batch, 1), dtype=np.int64)                  # the start token
-
-    def image():
-        generate(params, cfg, prompt, n, method=method)
-    generate(params, cfg, prompt, min(n, 8), method=method)        # warm-up: compiles
+    image = warm_image(params, cfg, method, batch, n)
     if method != "recompute":
         return _timed(image, rounds), True
     # the token at position t costs one forward pass over the t + 1 tokens before it
@@ -145,26 +161,82 @@ def products_seconds(params, cfg, batch, n, rounds):
     return _timed(image, rounds)
 
 
-def peer_seconds(peer_python, shape, batches, n, rounds, threads=THREADS):
-    """({batch: median seconds}, note, the vector kernels torch picked) of pft's recurrent
-    model (``peer_generate.py`` run by ``peer_python``), or ({}, why not, None)."""
-    config = {"layers": shape["n_layers"], "heads": shape["n_heads"],
-              "d_model": shape["d_model"], "d_mlp": shape["d_mlp"],
-              "vocab": shape["vocab_size"], "n": n, "batches": list(batches),
-              "rounds": rounds, "threads": threads}
-    try:
-        run = subprocess.run([peer_python, PEER_SCRIPT, json.dumps(config)],
-                             capture_output=True, text=True, env=user_environment())
-    except OSError as error:                     # no such interpreter, or not executable
-        return {}, f"failed: {error}", None
-    if run.returncode != 0:
-        return {}, f"failed: {run.stderr.strip().splitlines()[-1:]}", None
-    result = json.loads(run.stdout)
-    note = (f"pytorch-fast-transformers {result['fast_transformers']}, torch "
-            f"{result['torch']}, BLAS {result['blas']}, {result['threads']} threads, CPU "
-            f"capability {result.get('cpu_capability')}")
-    return ({row["batch"]: row["seconds"] for row in result["rows"]}, note,
-            result.get("cpu_capability"))
+class PeerFailed(RuntimeError):
+    """The peer's interpreter could not start, or stopped answering; the message says why."""
+
+
+class Peer:
+    """pft's recurrent model (``peer_generate.py``) in ``peer_python``, kept running so that
+    each of its timed generations can be asked for between two of ours: both sides then
+    see the machine as it is at that minute, which on a shared machine drifts.
+
+    ``note``: the line that names its versions, BLAS, threads and vector kernels;
+    ``capability``: the vector kernels torch picked (None if it does not say).
+    ``seconds(batch)``: one generation of n tokens, timed in the peer's process.
+    Raises ``PeerFailed``. Use as a context manager (``close`` ends the process)."""
+
+    def __init__(self, peer_python, shape, n, threads=THREADS):
+        config = {"layers": shape["n_layers"], "heads": shape["n_heads"],
+                  "d_model": shape["d_model"], "d_mlp": shape["d_mlp"],
+                  "vocab": shape["vocab_size"], "n": n, "threads": threads}
+        self._errors = tempfile.TemporaryFile(mode="w+")     # read when it fails
+        try:
+            self._process = subprocess.Popen(
+                [peer_python, PEER_SCRIPT, json.dumps(config)], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=self._errors, text=True,
+                env=user_environment())
+        except OSError as error:                 # no such interpreter, or not executable
+            self._errors.close()
+            raise PeerFailed(str(error)) from None
+        about = self._answer()
+        self.note = (f"pytorch-fast-transformers {about['fast_transformers']}, torch "
+                     f"{about['torch']}, BLAS {about['blas']}, {about['threads']} threads, "
+                     f"CPU capability {about.get('cpu_capability')}")
+        self.capability = about.get("cpu_capability")
+
+    def _answer(self):
+        line = self._process.stdout.readline()
+        if not line:
+            self._process.wait()
+            self._errors.seek(0)
+            last = self._errors.read().strip().splitlines()[-1:]
+            self.close()
+            raise PeerFailed(f"{last} (exit status {self._process.returncode})")
+        return json.loads(line)
+
+    def seconds(self, batch):
+        try:
+            self._process.stdin.write(json.dumps({"batch": batch}) + "\n")
+            self._process.stdin.flush()
+        except OSError:                           # it has exited: _answer says why
+            pass
+        return self._answer()["seconds"]
+
+    def close(self):
+        if self._process.poll() is None:
+            self._process.stdin.close()
+            self._process.wait()
+        self._errors.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def in_turn(ours, theirs, rounds, pause_s=PAUSE_S):
+    """(our median, their median) seconds over ``rounds`` rounds, one of ours then one of
+    theirs each round, with a pause of ``pause_s`` before each (so that threads spinning
+    after one side's work do not slow the other's). ``ours()`` and ``theirs()`` each return
+    the seconds of one round."""
+    mine, other = [], []
+    for _ in range(rounds):
+        time.sleep(pause_s)
+        mine.append(ours())
+        time.sleep(pause_s)
+        other.append(theirs())
+    return float(np.median(mine)), float(np.median(other))
 
 
 def speed_table(batches=(1, 16), rounds=3, peer_python=None, budget_s=60.0, shape=None,
@@ -178,7 +250,8 @@ def speed_table(batches=(1, 16), rounds=3, peer_python=None, budget_s=60.0, shap
     rounds : int
         Timed generations per row; rows hold the median.
     peer_python : str or None
-        An interpreter with torch and pytorch-fast-transformers: adds pft's RNN rows.
+        An interpreter with torch and pytorch-fast-transformers: adds pft's RNN rows, whose
+        rounds alternate with those of linattn's RNN (``Peer``, ``in_turn``).
     budget_s : float
         The recomputing form is measured, at each batch, when its ``rounds`` generations
         take at most this many seconds by its estimate, else estimated (the single tokens
@@ -200,30 +273,42 @@ def speed_table(batches=(1, 16), rounds=3, peer_python=None, budget_s=60.0, shap
         ``isa.label``) and peer_cpu_capability (torch's vector kernels, None without it).
     """
     from . import isa
-    from .bench.timing import machine
+    from .bench.timing import machine, once
     from .measure import machine_caption
     shape = {**MNIST, **(shape or {})}
-    rows = []
-    with thread_limit(threads) as threads_note:
+    rows, peers, peer, capability = [], {}, None, None
+    peer_note = ("none ran (add them with --peer-python PATH, an interpreter with torch and "
+                 "pytorch-fast-transformers)")
+    with contextlib.ExitStack() as stack, thread_limit(threads) as threads_note:
+        if peer_python:
+            try:
+                peer = stack.enter_context(Peer(peer_python, shape, n, threads))
+                peer_note, capability = peer.note, peer.capability
+            except PeerFailed as error:
+                peer_note = f"failed: {error}"
         where = machine_caption(machine())
         for attention, method in forms:
             cfg = ModelConfig(max_len=n, attention=attention, **shape)
             params = init_params(cfg, seed=0)
             for batch in batches:
-                seconds, measured = form_seconds(params, cfg, method, batch, n, rounds,
-                                                 budget_s)
+                if method == "recurrent" and peer is not None:     # in turn with pft's
+                    image = warm_image(params, cfg, method, batch, n)
+                    try:
+                        seconds, peers[batch] = in_turn(
+                            lambda: once(image), lambda: peer.seconds(batch), rounds)
+                    except PeerFailed as error:
+                        peer, peers, peer_note = None, {}, f"failed: {error}"
+                        seconds = _timed(image, rounds)
+                    measured = True
+                else:
+                    seconds, measured = form_seconds(params, cfg, method, batch, n, rounds,
+                                                     budget_s)
                 rows.append(_row(NAMES[method], "linattn", batch, seconds, measured, n,
                                  cfg.dtype))
                 if method == "recurrent":
                     rows.append(_row(FLOOR_NAME, "linattn", batch,
                                      products_seconds(params, cfg, batch, n, rounds), True,
                                      n, cfg.dtype))
-    peers, capability = {}, None
-    peer_note = ("none ran (add them with --peer-python PATH, an interpreter with torch and "
-                 "pytorch-fast-transformers)")
-    if peer_python:
-        peers, peer_note, capability = peer_seconds(peer_python, shape, batches, n, rounds,
-                                                    threads)
     for batch, seconds in sorted(peers.items()):
         rows.append(_row(PEER_NAME, "pytorch-fast-transformers", batch, seconds, True, n,
                          "float32"))

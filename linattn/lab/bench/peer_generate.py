@@ -11,15 +11,18 @@ pre-norm): the same operations in another order, the same cost.
 
 Run as a script by an interpreter that has torch and fast_transformers (``--peer-python``);
 it never imports linattn, and linattn never imports it. It reads one JSON configuration
-argument and prints one JSON object::
+argument, prints one JSON line about itself, then answers requests on its standard input,
+one JSON line each, until the input closes::
 
-    {"layers": 8, "heads": 8, "d_model": 256, "d_mlp": 1024, "vocab": 256, "n": 784,
-     "batches": [1, 16], "rounds": 3, "threads": 2}
-    -> {"torch": "2.x", "fast_transformers": "0.4.0", "threads": 2, "blas": "mkl",
-        "rows": [{"batch": 1, "seconds": median, "best_seconds": best}, ...]}
+    argv: {"layers": 8, "heads": 8, "d_model": 256, "d_mlp": 1024, "vocab": 256, "n": 784,
+           "threads": 2}
+    out:  {"torch": "2.x", "fast_transformers": "0.4.0", "threads": 2, "blas": "mkl",
+           "cpu_capability": "AVX2"}
+    in:   {"batch": 16}   ->   out: {"batch": 16, "seconds": 9.1}
 
-``seconds`` is the median over ``rounds`` of the wall time to generate ``n`` tokens after one
-start token for the whole batch (``timing.seconds``), after a short warm-up generation.
+A request is one timed generation of ``n`` tokens after one start token for the whole batch
+(``timing.once``), after a short warm-up generation the first time a batch size is asked
+for: so ``linattn.lab.speed`` can time its rounds and ours in turn.
 """
 import json
 import re
@@ -27,7 +30,7 @@ import sys
 
 # the sibling module, found through this script's folder: this script runs in the peers'
 # interpreter, which has no linattn installed
-from timing import seconds
+from timing import once
 
 WARMUP_TOKENS = 16
 
@@ -62,25 +65,33 @@ def generate(torch, step, batch, n):
     return tokens
 
 
-def main(config):
-    import fast_transformers
-    import torch
-    torch.set_num_threads(config["threads"])
-    step = build(torch, config)
-    rows = []
-    for batch in config["batches"]:
-        generate(torch, step, batch, min(WARMUP_TOKENS, config["n"]))   # warm-up
-        median, best = seconds(lambda: generate(torch, step, batch, config["n"]),
-                               repeats=config["rounds"], warmup=0)
-        rows.append({"batch": batch, "seconds": median, "best_seconds": best})
+def about(torch, fast_transformers):
+    """The versions, threads, BLAS and vector kernels this interpreter runs with."""
     version = getattr(fast_transformers, "__version__", None)
     if version is None:
         from importlib.metadata import version as dist_version
         version = dist_version("pytorch-fast-transformers")
     return {"torch": torch.__version__, "fast_transformers": version,
             "threads": torch.get_num_threads(), "blas": _blas(torch),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(),   # its vector kernels
-            "rows": rows}
+            "cpu_capability": torch.backends.cpu.get_cpu_capability()}   # its vector kernels
+
+
+def serve(config, requests, reply):
+    """Build the model, ``reply`` with ``about``, then with one timed generation for each
+    request of ``requests`` (an iterable of JSON lines)."""
+    import fast_transformers
+    import torch
+    torch.set_num_threads(config["threads"])
+    step = build(torch, config)
+    reply(about(torch, fast_transformers))
+    warm = set()
+    for line in requests:
+        batch = json.loads(line)["batch"]
+        if batch not in warm:
+            generate(torch, step, batch, min(WARMUP_TOKENS, config["n"]))
+            warm.add(batch)
+        reply({"batch": batch,
+               "seconds": once(lambda: generate(torch, step, batch, config["n"]))})
 
 
 def _blas(torch):
@@ -89,5 +100,9 @@ def _blas(torch):
     return found.group(1) if found else "unknown"
 
 
+def _print_line(obj):
+    print(json.dumps(obj), flush=True)
+
+
 if __name__ == "__main__":
-    print(json.dumps(main(json.loads(sys.argv[1]))))
+    serve(json.loads(sys.argv[1]), sys.stdin, _print_line)
