@@ -57,14 +57,11 @@ def test_one_call_equals_the_layer_loop(dtype, rtol, activation, b):
         np.testing.assert_allclose(fused.z[layer], rnn.state.z, rtol=rtol, atol=rtol)
 
 
-def test_a_product_big_enough_for_one_blas_call():
-    """d_mlp x d_model = 2^20 multiply-adds at one column: past ``token_kernels.product``'s
-    threshold, W_1 and W_2 are each one BLAS call instead of two blocks."""
-    from linattn.model.fast.token_kernels import PRODUCT_BLOCKS
-    from linattn.numba_cpu.chunked import SINGLE_THREAD_PRODUCT
+def test_a_wide_model_at_one_column():
+    """d_mlp x d_model = 2^20 multiply-adds at one column, the rows of W_1 and W_2 split
+    over the threads by the fused token's inlined loop as by ``token_kernels.product``."""
     cfg = ModelConfig(**{**SHAPE, "d_model": 512, "d_mlp": 2048, "n_layers": 1,
                          "n_heads": 8}, dtype="float64")
-    assert cfg.d_mlp * cfg.d_model >= PRODUCT_BLOCKS * SINGLE_THREAD_PRODUCT
     params = _params(cfg)
     weights, ids = token_loop.prepare(params, cfg, 3), np.array([[1, 5, 2]])
     fused_buf, loop_buf = token_loop.buffers(cfg, 1, 3), token_loop.buffers(cfg, 1, 3)

@@ -127,11 +127,12 @@ def test_cache_attend_nan_in_a_query_gives_nan_in_its_head_only():
     assert np.isnan(heads[:4]).all() and np.isfinite(heads[4:]).all()
 
 
-@given(n=st.integers(1, 40), k=st.integers(1, 40), b=st.integers(1, 3),
+@given(n=st.integers(1, 40), k=st.integers(0, 40), b=st.integers(1, 3),
        transposed=st.booleans(), seed=st.integers(0, 2**32 - 1))
 def test_product_is_the_matrix_product(n, k, b, transposed, seed):
-    """``product`` splits w's rows into blocks, one BLAS call each: w x, for odd sizes, one
-    row (an empty block), and x given as a transposed (F-ordered) array."""
+    """``product``: one column row by row on Numba's threads (fewer rows than threads: an
+    empty block), more by one BLAS call; x given as a transposed (F-ordered) array; an
+    empty sum (k = 0) is 0."""
     rng = np.random.default_rng(seed)
     w = _normal(rng, (n, k))
     x = _normal(rng, (b, k)).T if transposed else _normal(rng, (k, b))
@@ -140,15 +141,34 @@ def test_product_is_the_matrix_product(n, k, b, transposed, seed):
     np.testing.assert_allclose(out, w @ x, rtol=1e-12, atol=1e-12)
 
 
-def test_product_too_big_to_split_is_still_the_product():
-    """Blocks OpenBLAS would thread itself take the branch of one whole call: w x still."""
-    from linattn.numba_cpu.chunked import SINGLE_THREAD_PRODUCT
-    rng = np.random.default_rng(4)
-    n = kernels.PRODUCT_BLOCKS * SINGLE_THREAD_PRODUCT // 256
-    w, x = _normal(rng, (n, 256)), _normal(rng, (256, 1))
-    out = np.empty((n, 1))
-    kernels.product(w, x, out)
-    np.testing.assert_allclose(out, w @ x, rtol=1e-12, atol=1e-12)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_one_column_does_not_depend_on_the_thread_count(dtype):
+    import numba
+    rng = np.random.default_rng(5)
+    w, x = _normal(rng, (257, 300), dtype), _normal(rng, (300, 1), dtype)
+    outs = []
+    for threads in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+        with _numba_threads(threads):
+            outs.append(np.empty((257, 1), dtype))
+            kernels.product(w, x, outs[-1])
+    assert all(np.array_equal(o.view(np.uint8), outs[0].view(np.uint8)) for o in outs)
+    if len(outs) == 1:
+        pytest.skip("one Numba thread: nothing to compare")
+
+
+def _numba_threads(n):
+    import contextlib
+    import numba
+
+    @contextlib.contextmanager
+    def limit():
+        before = numba.get_num_threads()
+        numba.set_num_threads(n)
+        try:
+            yield
+        finally:
+            numba.set_num_threads(before)
+    return limit()
 
 
 def test_product_in_float32_and_nan():

@@ -30,12 +30,11 @@ import numpy as np
 from numba import njit, prange
 
 from . import token_kernels as kernels
-from .token_kernels import PRODUCT_BLOCKS
+from .token_kernels import ROW_BLOCKS, dot_rows
 from ... import dispatch
 from ...feature_maps import get_feature_map
 from ...numba_cpu import step as step_kernel
 from ...numba_cpu.blas import gemm
-from ...numba_cpu.chunked import SINGLE_THREAD_PRODUCT
 from ...numba_cpu.step import step_into
 
 # the eps of Eq. (20)'s denominator: the library's default (``linattn.Recurrence``,
@@ -108,21 +107,22 @@ def states(cfg, b, start=None):
 
 @njit(cache=True, error_model="numpy", inline="always")
 def _multiply(w, x, out):
-    """out = w x, as ``token_loop`` multiplies: for one column in ``PRODUCT_BLOCKS`` blocks of
-    rows on as many threads, unless the product is big enough for the BLAS to thread it
-    (``token_kernels.product``); one BLAS call, threaded by the BLAS, for more columns.
+    """out = w x, as ``token_kernels.product`` multiplies: one BLAS call, threaded by the
+    BLAS, for more than one column; for one, ``token_kernels.dot_rows`` over
+    ``ROW_BLOCKS`` blocks of rows spread over Numba's threads.
 
     Inlined into ``token``, whose ``prange`` this loop becomes, so that it is compiled with
-    it, not linked from another cached kernel: while this module was written, ``token``
-    calling ``token_kernels.product`` crashed a process (a segmentation fault) in which
-    Numba compiled ``token`` and loaded ``product`` from its disk cache."""
-    n = w.shape[0]
-    if x.shape[1] > 1 or n * w.shape[1] >= PRODUCT_BLOCKS * SINGLE_THREAD_PRODUCT:
+    it, not linked from another cached parallel kernel: while this module was written,
+    ``token`` calling ``token_kernels.product`` crashed a process (a segmentation fault) in
+    which Numba compiled ``token`` and loaded ``product`` from its disk cache. ``dot_rows``
+    is serial, and keeps its own fastmath flags (reassociation), which ``token`` has not."""
+    n, k = w.shape
+    if x.shape[1] != 1:
         gemm(w, x, out, 0)
         return
-    for block in prange(PRODUCT_BLOCKS):
-        lo, hi = block * n // PRODUCT_BLOCKS, (block + 1) * n // PRODUCT_BLOCKS
-        gemm(w[lo:hi], x, out[lo:hi], 0)
+    column, result = x.reshape(k), out.reshape(n)      # ``token``'s columns: contiguous
+    for block in prange(ROW_BLOCKS):
+        dot_rows(w, column, result, block * n // ROW_BLOCKS, (block + 1) * n // ROW_BLOCKS)
 
 
 @njit(cache=True, error_model="numpy", inline="always")

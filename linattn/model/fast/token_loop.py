@@ -26,11 +26,11 @@ it over a sequence, as ``token_step.next_logits`` runs ``step``.
 
 Layout: a token's arrays are columns, (features, B), and every product is
 out^T = W^T in^T, with W^T (out, in) C-contiguous: the same result as x W, in the
-orientation OpenBLAS multiplies faster for a batch of a few columns. At B = 1 OpenBLAS runs
-a product with one column on one thread, so ``token_kernels.product`` splits it into two
-blocks of rows on two threads; at larger B NumPy's one call stays (``rnn_token``'s one
-call from Numba). The performance page (docs/performance.md) compares a token's time with
-its products alone.
+orientation OpenBLAS multiplies faster for a batch of a few columns. At B = 1 a product is
+``token_kernels.product``'s, row by row on Numba's threads (a BLAS product of one column
+reads the weights well below the memory's speed); at larger B NumPy's one call stays
+(``rnn_token``'s one call from Numba). The performance page (docs/performance.md)
+compares a token's time with its products alone.
 
 Oracle: ``token_step.step``; tests/test_model_generate.py holds the two to each other.
 """
@@ -181,8 +181,8 @@ def _matmul(w, x, out):
 
 
 def _multiply(b):
-    """The loop's out = w x for a batch of b columns: ``token_kernels.product`` (two
-    blocks of rows on two threads) at b = 1, NumPy's single BLAS call otherwise."""
+    """The loop's out = w x for a batch of b columns: ``token_kernels.product`` (row by
+    row on Numba's threads) at b = 1, NumPy's single BLAS call otherwise."""
     return kernels.product if b == 1 else _matmul
 
 
