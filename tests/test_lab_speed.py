@@ -64,7 +64,7 @@ def test_format_table_names_every_row_and_how_it_was_timed():
 
 def test_products_floor_runs_the_loops_products(monkeypatch):
     """The floor row times ``token_loop.token_products``: n calls per image, with the loop's
-    multiply (the two-block product at batch 1, NumPy's at batch 2)."""
+    multiply (``token_kernels.product``, row by row, at batch 1; NumPy's at batch 2)."""
     from linattn.model.fast import token_kernels as kernels
     from linattn.model.fast import token_loop
     calls, products = [], []
@@ -130,7 +130,7 @@ def test_a_failing_peer_leaves_its_rows_out_and_says_why(monkeypatch, tmp_path, 
 
 
 def test_a_peer_that_stops_answering_leaves_its_rows_out(monkeypatch, tmp_path):
-    script = tmp_path / "quitting_peer.py"                  # answers its first line only
+    script = tmp_path / "quitting_peer.py"       # says what it is, then exits at a request
     script.write_text(FAKE_PEER.split("for line")[0] + "sys.stdin.readline()\n"
                       "raise SystemExit('out of memory')\n")
     monkeypatch.setattr(speed, "PEER_SCRIPT", str(script))

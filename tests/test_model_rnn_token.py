@@ -1,8 +1,8 @@
 """The whole-token compiled call of a linear transformer with elu+1 (``rnn_token.token``)
 computes what ``token_loop.token_logits`` computes layer by layer from Python with
 ``linattn.Recurrence`` memories: the same logits at every token, the same states after the
-last, at one sequence and at several, and with a product large enough to be one BLAS call
-at one sequence."""
+last, at one sequence and at several, and for a wide model at one sequence (whose products
+run row by row on the threads)."""
 import inspect
 
 import numpy as np

@@ -167,8 +167,8 @@ class PeerFailed(RuntimeError):
 
 class Peer:
     """pft's recurrent model (``peer_generate.py``) in ``peer_python``, kept running so that
-    each of its timed generations can be asked for between two of ours: both sides then
-    see the machine as it is at that minute, which on a shared machine drifts.
+    each of its timed generations can be asked for right after one of ours: both sides
+    then see the machine as it is at that minute, which on a shared machine drifts.
 
     ``note``: the line that names its versions, BLAS, threads and vector kernels;
     ``capability``: the vector kernels torch picked (None if it does not say).

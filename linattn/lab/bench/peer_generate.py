@@ -22,7 +22,7 @@ one JSON line each, until the input closes::
 
 A request is one timed generation of ``n`` tokens after one start token for the whole batch
 (``timing.once``), after a short warm-up generation the first time a batch size is asked
-for: so ``linattn.lab.speed`` can time its rounds and ours in turn.
+for: so ``linattn.lab.speed`` can time this model's rounds and linattn's in turn.
 """
 import json
 import re

@@ -115,7 +115,8 @@ def _multiply(w, x, out):
     it, not linked from another cached parallel kernel: while this module was written,
     ``token`` calling ``token_kernels.product`` crashed a process (a segmentation fault) in
     which Numba compiled ``token`` and loaded ``product`` from its disk cache. ``dot_rows``
-    is serial, and keeps its own fastmath flags (reassociation), which ``token`` has not."""
+    is serial, and keeps its own fastmath flags (reassociation, contraction), which ``token``
+    has not."""
     n, k = w.shape
     if x.shape[1] != 1:
         gemm(w, x, out, 0)

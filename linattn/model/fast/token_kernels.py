@@ -11,21 +11,22 @@ pre-norm form).
 
 Layout: a token's arrays are columns, (features, B), one column per sequence, as the loop
 keeps them (``token_loop`` says why). So layer norm reduces along the features for every
-sequence at once, and the loops run along the batch, contiguous, with no reduction across
-lanes: LLVM vectorises them without fastmath (``dot_rows``, a sum along each row, allows
-reassociation alone).
+sequence at once, its loops running along the batch, contiguous, with no reduction across
+lanes, and the activation runs over the buffer flat: LLVM vectorises them without
+fastmath. ``dot_rows``, a sum along each row of a weight matrix, alone allows
+reassociation and contraction (fused multiply-adds).
 
 GELU is x times the one compiled gate, ``fused.gelu_gate`` (the training path's): the
 sigmoid form of the reference's 0.5 (1 + tanh(y)), with the library's exp of a
 non-positive number. Layer norm's eps is ``layers.LAYER_NORM_EPS``. The softmax over the
 cache reuses the one-query tile loops of the library's softmax kernel
 (``numba_cpu.flash_tiles``), and ``product`` its BLAS binding (``numba_cpu.blas``): these
-kernels are no attention of the dispatch table, only the token loop calls them, so they
-live here, Numba-only by design.
+kernels are no attention of the dispatch table, only the token loops (``token_loop`` and
+``rnn_token``) call them, so they live here, Numba-only by design.
 
 Oracles: ``model.layers`` (layer_norm, gelu, relu) and ``linattn.softmax_attention``
 (tests/test_model_token_kernels.py); the whole loop: ``model.token_step.step``. Arguments
-are the loop's own, already checked and C-contiguous.
+are the loop's own, already checked, C-contiguous unless a docstring says otherwise.
 """
 import numpy as np
 from numba import njit, prange
@@ -80,9 +81,9 @@ def bias_activate(u, bias, relu):
 
     With more than one column, the bias is added row by row and the activation then runs
     over u as one flat array, the same numbers: a loop along a row of a few columns never
-    reaches the vectorised body LLVM makes for it (8 lanes, unrolled), so GELU ran one
-    element at a time, with branches: 4.3 times as long an element at B = 4, 1.3 at
-    B = 16, on the machine of the performance page (AVX2)."""
+    reaches the vectorised body LLVM makes for it (a vector's lanes, unrolled), so GELU
+    ran one element at a time, with branches: 4.3 times as long an element at B = 4, 1.3
+    at B = 16, in float32 on the machine of the performance page (AVX2)."""
     n_features, n_batch = u.shape
     if n_batch == 1:                      # one column, contiguous: the loop runs along it
         col = u.reshape(n_features)

@@ -18,7 +18,7 @@ validating, splitting heads and allocating as it goes. Here that is done once pe
   with elu+1, every layer's state in two arrays instead (``rnn_token.States``); all start
   from the prompt, read in one parallel pass per layer (``prefill.read_prompt``): the
   states from its state, the cache with its keys and values.
-Then ``token_logits`` per token: per block four BLAS products, the attention, and the
+Then ``token_logits`` per token: per block four products, the attention, and the
 element work between them (three compiled calls of ``token_kernels``, two NumPy adds of a
 bias); with elu+1, the same
 work in one compiled call for the whole token (``rnn_token.token``). ``next_logits`` runs
