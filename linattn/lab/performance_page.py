@@ -85,7 +85,9 @@ def _header(figures_dir, bench):
               f"- Python {m.get('python')}, NumPy {m.get('numpy')}, Numba {m.get('numba')} on "
               f"{m.get('numba_threads')} threads "
               f"(threading layer {m.get('numba_threading_layer')})",
-              f"- float32 matrix-product ceiling: {_sig(bench.get('ceiling_gflops'))} GFLOP/s",
+              f"- float32 matrix-product ceiling: {_sig(bench.get('ceiling_gflops'))} GFLOP/s "
+              "(measured once at the start; a row below that gives a fraction of it divides by "
+              "the ceiling measured again in its own round)",
               f"- peers: {bench.get('peers_note') or 'none'}"
               + (f"; pytorch-fast-transformers: {'yes' if peers.get('fast_transformers') else 'no'}"
                  if peers else ""),
@@ -116,7 +118,10 @@ def _summary(bench):
         return "## Head to head\n\nNot in this run: `data/bench.json` has no summary."
     rows = [[quantity, _sig(value)] for quantity, value in bench["summary"]]
     return ("## Head to head\n\nThe benchmark's summary: ratios of two timings taken in turn, "
-            "and ratios to the machine's own yardsticks. A head-to-head ratio (one form or "
+            "and ratios to the machine's own yardsticks, but for two rows: the peak extra "
+            "memory, traced bytes over the inputs' bytes, and the per-token row, the cache's "
+            "best time over the RNN step's median, from two separate scans of the positions. "
+            "A head-to-head ratio (one form or "
             "library over another) is the median over the rounds of its own pair's ratio, so "
             "two rows that share a side need not multiply to a third row exactly; the thread "
             "speedup compares the best times of the two thread counts, and the step-time row "
@@ -255,7 +260,7 @@ def _generation(figures_dir):
              "measured" if r.get("measured") in (True, "True") else "estimated"]
             for r in rows]
     return (f"## Generating images ({_source(path, meta)})\n\n"
-            f"{meta.get('caption', '')}\n\nA row measured generates whole images with "
+            f"{meta.get('caption', '')}\n\nA form's row measured generates whole images with "
             "`linattn.model.generate` (the peer's with its own RNN, each of its rounds "
             "in turn with one of linattn's RNN); a row estimated times "
             "single tokens at a few prefix lengths; the products alone are the RNN's matrix "
@@ -293,11 +298,13 @@ def _generation_modes(figures_dir, native, native_meta):
     if avx2 is not None:
         intro += (f" (the AVX2 run: `{path.relative_to(figures_dir)}`, "
                   f"{avx2_meta.get('date')}; peers: {avx2_meta.get('peers')})")
-    text = [intro + ". The products alone are the same token's matrix products, each called "
-            "from Python, without its attention and element work: pft's time over them is "
-            "about the ratio a token loop whose element work cost nothing would reach. They "
-            "are timed apart from the RNN, so each of the two ratios carries its own "
-            "timings' noise."]
+    text = [intro + ". The products alone are the same token's matrix products, called one "
+            "by one from Python (`token_loop.token_products`: at batch 1 the compiled product "
+            "row by row, at larger batches NumPy's BLAS) without its attention and element "
+            "work, where the RNN runs a whole token as one compiled call (its products at "
+            "larger batches through SciPy's BLAS): pft's time over them approximates the "
+            "ratio a token whose element work cost nothing would reach. They are timed apart "
+            "from the RNN, so each of the two ratios carries its own timings' noise."]
     if avx2 is None and not no_mode:
         text.append(f"Not in this run: `{path.relative_to(figures_dir)}` is missing.")
     batches = sorted({b for by_batch in ratios for b in by_batch})
