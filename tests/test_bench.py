@@ -81,6 +81,17 @@ def test_interleaved_takes_calls_in_turn_each_after_an_untimed_one():
     assert set(best) == {"a", "b"} and best["a"] < 0.05
 
 
+def test_medians_in_turn_alternates_the_two_sides_and_takes_each_median():
+    seen = []
+
+    def side(name, times):
+        times = iter(times)
+        return lambda: seen.append(name) or next(times)
+    ours, theirs = timing.medians_in_turn(side("ours", [3.0, 1.0, 2.0]),
+                                          side("theirs", [9, 7, 8]), rounds=3)
+    assert seen == ["ours", "theirs"] * 3 and (ours, theirs) == (2.0, 8.0)
+
+
 def test_the_peers_script_imports_without_linattn(tmp_path):
     """``peers.py`` runs in the peers' interpreter, which has no linattn: it finds its sibling
     ``timing`` through its own folder, so neither may import from the package at load time."""

@@ -139,17 +139,6 @@ def test_a_peer_that_stops_answering_leaves_its_rows_out(monkeypatch, tmp_path):
     assert meta["peers"].startswith("failed") and "out of memory" in meta["peers"]
 
 
-def test_in_turn_alternates_the_two_sides_and_takes_each_median():
-    seen = []
-
-    def side(name, times):
-        times = iter(times)
-        return lambda: seen.append(name) or next(times)
-    ours, theirs = speed.in_turn(side("ours", [3.0, 1.0, 2.0]), side("theirs", [9, 7, 8]),
-                                 rounds=3, pause_s=0.0)
-    assert seen == ["ours", "theirs"] * 3 and (ours, theirs) == (2.0, 8.0)
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("PEER_PYTHON"),
                     reason="PEER_PYTHON (an interpreter with torch and fast_transformers) "

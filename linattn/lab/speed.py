@@ -19,8 +19,9 @@ form calls ``generate``; the three rows differ only in ``method``:
   round, fits the budget (at each batch on its own); each row says which.
 
 pft's model runs in its own interpreter, kept open (``Peer``), and its timed generations
-alternate with those of linattn's RNN, one round each in turn (``in_turn``): on a shared
-machine whose speed drifts over minutes, both medians then come from the same minutes.
+alternate with those of linattn's RNN, one round each in turn
+(``timing.medians_in_turn``): on a shared machine whose speed drifts over minutes, both
+medians then come from the same minutes.
 
 Timing only; correctness is in the tests. Both sides run on ``THREADS`` threads.
 """
@@ -30,7 +31,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -55,6 +55,8 @@ PROBE_LIMIT = 1024
 # seconds between our round and the peer's: threads that spin after a round's work (OpenMP's,
 # OpenBLAS's: well under this) stop before the other side starts
 PAUSE_S = 0.5
+# seconds the peer's process has to exit once its input is closed
+EXIT_S = 30
 # how the cost of one token grows with its position t: t^0, t^1, t^2
 GROWTH = {"recurrent": 0, "cache": 1, "recompute": 2}
 # linattn's RNN alone (the form pft has too): the AVX2-mode run's forms
@@ -213,9 +215,15 @@ class Peer:
         return self._answer()["seconds"]
 
     def close(self):
+        """Close its input (it exits at the end of its requests); kill it if it has not
+        exited within ``EXIT_S`` seconds."""
         if self._process.poll() is None:
             self._process.stdin.close()
-            self._process.wait()
+            try:
+                self._process.wait(timeout=EXIT_S)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
         self._errors.close()
 
     def __enter__(self):
@@ -223,20 +231,6 @@ class Peer:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def in_turn(ours, theirs, rounds, pause_s=PAUSE_S):
-    """(our median, their median) seconds over ``rounds`` rounds, one of ours then one of
-    theirs each round, with a pause of ``pause_s`` before each (so that threads spinning
-    after one side's work do not slow the other's). ``ours()`` and ``theirs()`` each return
-    the seconds of one round."""
-    mine, other = [], []
-    for _ in range(rounds):
-        time.sleep(pause_s)
-        mine.append(ours())
-        time.sleep(pause_s)
-        other.append(theirs())
-    return float(np.median(mine)), float(np.median(other))
 
 
 def speed_table(batches=(1, 16), rounds=3, peer_python=None, budget_s=60.0, shape=None,
@@ -251,7 +245,8 @@ def speed_table(batches=(1, 16), rounds=3, peer_python=None, budget_s=60.0, shap
         Timed generations per row; rows hold the median.
     peer_python : str or None
         An interpreter with torch and pytorch-fast-transformers: adds pft's RNN rows, whose
-        rounds alternate with those of linattn's RNN (``Peer``, ``in_turn``).
+        rounds alternate with those of linattn's RNN (``Peer``,
+        ``timing.medians_in_turn``).
     budget_s : float
         The recomputing form is measured, at each batch, when its ``rounds`` generations
         take at most this many seconds by its estimate, else estimated (the single tokens
@@ -273,7 +268,7 @@ def speed_table(batches=(1, 16), rounds=3, peer_python=None, budget_s=60.0, shap
         ``isa.label``) and peer_cpu_capability (torch's vector kernels, None without it).
     """
     from . import isa
-    from .bench.timing import machine, once
+    from .bench.timing import machine, medians_in_turn, once
     from .measure import machine_caption
     shape = {**MNIST, **(shape or {})}
     rows, peers, peer, capability = [], {}, None, None
@@ -294,8 +289,9 @@ def speed_table(batches=(1, 16), rounds=3, peer_python=None, budget_s=60.0, shap
                 if method == "recurrent" and peer is not None:     # in turn with pft's
                     image = warm_image(params, cfg, method, batch, n)
                     try:
-                        seconds, peers[batch] = in_turn(
-                            lambda: once(image), lambda: peer.seconds(batch), rounds)
+                        seconds, peers[batch] = medians_in_turn(
+                            lambda: once(image), lambda: peer.seconds(batch), rounds,
+                            PAUSE_S)
                     except PeerFailed as error:
                         peer, peers, peer_note = None, {}, f"failed: {error}"
                         seconds = _timed(image, rounds)

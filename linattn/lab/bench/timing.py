@@ -11,7 +11,8 @@
   shared machine disturb least.
 - ``interleaved``: best times of several calls taken in turn, for ratios that a shared
   machine's load would otherwise tilt; ``blas_limiter`` sets the BLAS threads (NumPy's and
-  SciPy's) for it.
+  SciPy's) for it. ``medians_in_turn``: the medians of two sides, each a round that times
+  itself (the generation benchmark's: ours, and a peer's process).
 - ``over_budget``: whether a benchmark point ends its curve (a time budget a call, or a
   token).
 - ``peak_bytes``: the largest amount of memory a call holds beyond what existed before it
@@ -136,6 +137,19 @@ def interleaved(calls, rounds, pause=0.0):
             call()
             best[name] = min(best[name], once(call))
     return best
+
+
+def medians_in_turn(ours, theirs, rounds, pause=0.0):
+    """(median of ``ours()``, median of ``theirs()``) over ``rounds`` rounds, one of ours then
+    one of theirs each round, each after ``settle(pause)``. Each returns the seconds of its
+    own round (the other side may time itself in another process)."""
+    mine, other = [], []
+    for _ in range(rounds):
+        settle(pause)
+        mine.append(ours())
+        settle(pause)
+        other.append(theirs())
+    return float(np.median(mine)), float(np.median(other))
 
 
 def blas_limiter():
